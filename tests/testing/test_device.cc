@@ -1,0 +1,42 @@
+#include "tests/testing/test_device.h"
+
+#include <cstdlib>
+
+#include "allocator/device/cuda_driver.h"
+
+namespace graphalloc::testing {
+
+std::string TestDeviceKind() {
+  const char* kind = std::getenv("GRAPHALLOC_TEST_DEVICE");
+  return (kind == nullptr || *kind == '\0') ? "sim" : kind;
+}
+
+bool OnSimulatedDevice() { return TestDeviceKind() == "sim"; }
+
+std::shared_ptr<Driver> MakeTestDriver(std::string* skip_reason, SimDriverOptions sim_options) {
+  const std::string kind = TestDeviceKind();
+  if (kind == "sim") {
+    auto sim = SimDriver::Create(sim_options);
+    if (!sim.ok()) {
+      *skip_reason = std::string(sim.status().message());
+      return nullptr;
+    }
+    return std::shared_ptr<Driver>(std::move(*sim));
+  }
+  if (kind == "cuda") {
+    auto cuda = CudaDriver::Create(0);
+    if (!cuda.ok()) {
+      *skip_reason = "no usable GPU: " + std::string(cuda.status().message());
+      return nullptr;
+    }
+    return std::shared_ptr<Driver>(std::move(*cuda));
+  }
+  *skip_reason = "GRAPHALLOC_TEST_DEVICE must be 'sim' or 'cuda', not '" + kind + "'";
+  return nullptr;
+}
+
+SimDriver* AsSim(Driver* driver) {
+  return driver != nullptr && driver->Kind() == "sim" ? static_cast<SimDriver*>(driver) : nullptr;
+}
+
+}  // namespace graphalloc::testing
