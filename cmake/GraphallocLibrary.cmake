@@ -1,7 +1,7 @@
 # libgraphalloc.a and libgraphalloc.so from the one object library, with the same usage requirements.
 set(_graphalloc_public_deps
   absl::status absl::statusor absl::strings absl::str_format absl::synchronization absl::flat_hash_map
-  absl::flat_hash_set absl::inlined_vector absl::span absl::time absl::log Threads::Threads CUDA::toolkit
+  absl::flat_hash_set absl::inlined_vector absl::span absl::time Threads::Threads CUDA::toolkit
   ${CMAKE_DL_LIBS})
 
 foreach(kind STATIC SHARED)
