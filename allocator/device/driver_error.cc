@@ -9,12 +9,12 @@
 namespace graphalloc {
 namespace {
 
-constexpr std::string_view kPayloadUrl = "graphalloc/driver_result";
+constexpr absl::string_view kPayloadUrl = "graphalloc/driver_result";
 
 struct ResultText {
   int code;
-  std::string_view name;
-  std::string_view description;
+  absl::string_view name;
+  absl::string_view description;
 };
 
 // Names and descriptions as cuGetErrorName / cuGetErrorString give them. Kept here because the
@@ -91,17 +91,17 @@ absl::StatusCode CodeFor(int code) {
 
 }  // namespace
 
-std::string_view DriverResultName(int code) {
+absl::string_view DriverResultName(int code) {
   if (const ResultText* r = Find(code)) return r->name;
   return "CUDA_ERROR_UNRECOGNIZED";
 }
 
-std::string_view DriverResultDescription(int code) {
+absl::string_view DriverResultDescription(int code) {
   if (const ResultText* r = Find(code)) return r->description;
   return "unrecognized error code";
 }
 
-absl::Status DriverError(std::string_view call, int code) {
+absl::Status DriverError(absl::string_view call, int code) {
   if (code == 0) return absl::OkStatus();
   std::string name(DriverResultName(code));
   if (Find(code) == nullptr) absl::StrAppend(&name, "_", code);
@@ -112,7 +112,7 @@ absl::Status DriverError(std::string_view call, int code) {
 }
 
 std::optional<int> DriverErrorCode(const absl::Status& status) {
-  std::optional<absl::Cord> payload = status.GetPayload(kPayloadUrl);
+  absl::optional<absl::Cord> payload = status.GetPayload(kPayloadUrl);
   if (!payload.has_value()) return std::nullopt;
   int code = 0;
   if (!absl::SimpleAtoi(std::string(*payload), &code)) return std::nullopt;

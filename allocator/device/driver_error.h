@@ -6,7 +6,7 @@
 #define GRAPHALLOC_ALLOCATOR_DEVICE_DRIVER_ERROR_H_
 
 #include <optional>
-#include <string_view>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 
@@ -41,16 +41,16 @@ enum class DriverResult : int {
 };
 
 // "CUDA_ERROR_OUT_OF_MEMORY" for a known code, "CUDA_ERROR_<n>" otherwise.
-std::string_view DriverResultName(int code);
+absl::string_view DriverResultName(int code);
 // "out of memory" for a known code, "unrecognized error code" otherwise.
-std::string_view DriverResultDescription(int code);
+absl::string_view DriverResultDescription(int code);
 
 // OkStatus() for kSuccess; otherwise "<call> failed: <NAME> (<description>)" with a status code chosen by
 // kind (ResourceExhausted for out-of-memory, InvalidArgument for bad values and handles,
 // FailedPrecondition for capture violations, Unavailable for a missing driver or device, Internal else)
 // and the numeric code attached as a payload.
-absl::Status DriverError(std::string_view call, int code);
-inline absl::Status DriverError(std::string_view call, DriverResult code) {
+absl::Status DriverError(absl::string_view call, int code);
+inline absl::Status DriverError(absl::string_view call, DriverResult code) {
   return DriverError(call, static_cast<int>(code));
 }
 
