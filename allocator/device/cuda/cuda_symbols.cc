@@ -2,7 +2,7 @@
 //
 // Why cuGetProcAddress and not dlsym for each name: the driver exports several versions of many entry
 // points (cuMemAlloc, cuMemAlloc_v2; cuStreamGetCaptureInfo, _v2, _v3), and cuGetProcAddress returns the one
-// whose signature matches the headers of the CUDA version we pass, which is what our pointer types are.
+// whose signature matches the CUDA version we pass, which is the version our pointer type names.
 #include "allocator/device/cuda/cuda_symbols.h"
 
 #include <dlfcn.h>
@@ -51,18 +51,18 @@ std::string VersionText(int version) { return absl::StrCat(version / 1000, ".", 
 
 // Resolves every symbol of GRAPHALLOC_CUDA_SYMBOLS into `api`.
 absl::Status ResolveAll(GetProcAddressFn get_proc, const std::string& path, CudaApi& api) {
-#define GRAPHALLOC_CUDA_RESOLVE(name)                                                                     \
-  {                                                                                                       \
-    void* fn = nullptr;                                                                                   \
-    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;                          \
-    const CUresult result = get_proc("cu" #name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &found); \
-    if (result != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS || fn == nullptr) {                \
-      return NotAvailable(absl::StrCat(path, " has no usable cu" #name " for CUDA ",                      \
-                                       VersionText(CUDA_VERSION), " (cuGetProcAddress result ",           \
-                                       static_cast<int>(result), ", symbol status ",                      \
-                                       static_cast<int>(found), "); the driver may be too old"));         \
-    }                                                                                                     \
-    api.name = reinterpret_cast<decltype(api.name)>(fn);                                                  \
+#define GRAPHALLOC_CUDA_RESOLVE(name, version)                                                             \
+  {                                                                                                        \
+    void* fn = nullptr;                                                                                    \
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;                           \
+    const CUresult result = get_proc("cu" #name, &fn, version, CU_GET_PROC_ADDRESS_DEFAULT, &found);       \
+    if (result != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS || fn == nullptr) {                 \
+      return NotAvailable(absl::StrCat(path, " has no usable cu" #name " for CUDA ", VersionText(version), \
+                                       " (cuGetProcAddress result ", static_cast<int>(result),             \
+                                       ", symbol status ", static_cast<int>(found),                        \
+                                       "); the driver may be too old"));                                   \
+    }                                                                                                      \
+    api.name = reinterpret_cast<decltype(api.name)>(fn);                                                   \
   }
   GRAPHALLOC_CUDA_SYMBOLS(GRAPHALLOC_CUDA_RESOLVE)
 #undef GRAPHALLOC_CUDA_RESOLVE

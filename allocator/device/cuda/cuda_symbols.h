@@ -1,75 +1,78 @@
 // The CUDA driver's entry points, resolved at run time.
 //
 // No binary links libcuda: LoadCudaApi() dlopens libcuda.so.1 once per process, takes cuGetProcAddress_v2
-// from it with dlsym and resolves every other entry point through it for the CUDA version of the headers
-// we build against (CUDA_VERSION), so each pointer has exactly the signature cuda.h declares for that
-// version (cuStreamGetCaptureInfo is the _v3 one under CUDA 13, cuMemAlloc the _v2 one, ...). cuda.h is
-// used for types and constants only.
+// from it with dlsym and resolves every other entry point through it. Each entry point is asked for at the
+// CUDA version of the signature we call it with (cudaTypedefs.h's PFN_cu<Name>_v<version>), not at
+// CUDA_VERSION: cuGetProcAddress returns the newest variant at or below the version asked, and under CUDA 13
+// "cuCtxSynchronize" at 13000 is a variant taking a CUcontext while cuda.h still declares the old
+// cuCtxSynchronize(void). Pinning each version makes every pointer's type exactly right whatever the driver
+// or the headers. cuda.h and cudaTypedefs.h are used for types and constants only.
 #ifndef GRAPHALLOC_ALLOCATOR_DEVICE_CUDA_CUDA_SYMBOLS_H_
 #define GRAPHALLOC_ALLOCATOR_DEVICE_CUDA_CUDA_SYMBOLS_H_
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include "absl/status/statusor.h"
 
 namespace graphalloc::cuda {
 
-// X(Name) stands for the driver function cu<Name>. The field's type comes from cuda.h's declaration of the
-// un-suffixed name, which its macros map to the current version (cuMemAlloc -> cuMemAlloc_v2), and the
-// symbol asked of cuGetProcAddress is the un-suffixed name, which it maps the same way for CUDA_VERSION.
-#define GRAPHALLOC_CUDA_SYMBOLS(X) \
-  X(Init)                          \
-  X(DriverGetVersion)              \
-  X(GetErrorName)                  \
-  X(GetErrorString)                \
-  X(DeviceGetCount)                \
-  X(DeviceGet)                     \
-  X(DeviceGetName)                 \
-  X(DeviceTotalMem)                \
-  X(DeviceGetAttribute)            \
-  X(DeviceCanAccessPeer)           \
-  X(DevicePrimaryCtxRetain)        \
-  X(DevicePrimaryCtxRelease)       \
-  X(CtxGetCurrent)                 \
-  X(CtxSetCurrent)                 \
-  X(CtxSynchronize)                \
-  X(CtxEnablePeerAccess)           \
-  X(MemGetInfo)                    \
-  X(MemGetAllocationGranularity)   \
-  X(MemAddressReserve)             \
-  X(MemAddressFree)                \
-  X(MemCreate)                     \
-  X(MemRelease)                    \
-  X(MemMap)                        \
-  X(MemUnmap)                      \
-  X(MemSetAccess)                  \
-  X(MemAlloc)                      \
-  X(MemFree)                       \
-  X(MemcpyHtoD)                    \
-  X(MemcpyDtoH)                    \
-  X(MemcpyAsync)                   \
-  X(MemsetD8Async)                 \
-  X(StreamCreate)                  \
-  X(StreamDestroy)                 \
-  X(StreamSynchronize)             \
-  X(StreamWaitEvent)               \
-  X(LaunchHostFunc)                \
-  X(EventCreate)                   \
-  X(EventDestroy)                  \
-  X(EventRecord)                   \
-  X(EventQuery)                    \
-  X(EventSynchronize)              \
-  X(StreamBeginCapture)            \
-  X(StreamEndCapture)              \
-  X(StreamGetCaptureInfo)          \
-  X(GraphInstantiateWithFlags)     \
-  X(GraphExecUpdate)               \
-  X(GraphLaunch)                   \
-  X(GraphExecDestroy)              \
-  X(GraphDestroy)
+// X(Name, version) stands for the driver function cu<Name> with the signature PFN_cu<Name>_v<version>; it is
+// asked of cuGetProcAddress by its un-suffixed name at that version (e.g. cuStreamGetCaptureInfo at 12030 is
+// the 7-argument _v3, cuMemAlloc at 3020 the 64-bit _v2).
+#define GRAPHALLOC_CUDA_SYMBOLS(X)      \
+  X(Init, 2000)                         \
+  X(DriverGetVersion, 2020)             \
+  X(GetErrorName, 6000)                 \
+  X(GetErrorString, 6000)               \
+  X(DeviceGetCount, 2000)               \
+  X(DeviceGet, 2000)                    \
+  X(DeviceGetName, 2000)                \
+  X(DeviceTotalMem, 3020)               \
+  X(DeviceGetAttribute, 2000)           \
+  X(DeviceCanAccessPeer, 4000)          \
+  X(DevicePrimaryCtxRetain, 7000)       \
+  X(DevicePrimaryCtxRelease, 11000)     \
+  X(CtxGetCurrent, 4000)                \
+  X(CtxSetCurrent, 4000)                \
+  X(CtxSynchronize, 2000)               \
+  X(CtxEnablePeerAccess, 4000)          \
+  X(MemGetInfo, 3020)                   \
+  X(MemGetAllocationGranularity, 10020) \
+  X(MemAddressReserve, 10020)           \
+  X(MemAddressFree, 10020)              \
+  X(MemCreate, 10020)                   \
+  X(MemRelease, 10020)                  \
+  X(MemMap, 10020)                      \
+  X(MemUnmap, 10020)                    \
+  X(MemSetAccess, 10020)                \
+  X(MemAlloc, 3020)                     \
+  X(MemFree, 3020)                      \
+  X(MemcpyHtoD, 3020)                   \
+  X(MemcpyDtoH, 3020)                   \
+  X(MemcpyAsync, 4000)                  \
+  X(MemsetD8Async, 3020)                \
+  X(StreamCreate, 2000)                 \
+  X(StreamDestroy, 4000)                \
+  X(StreamSynchronize, 2000)            \
+  X(StreamWaitEvent, 3020)              \
+  X(LaunchHostFunc, 10000)              \
+  X(EventCreate, 2000)                  \
+  X(EventDestroy, 4000)                 \
+  X(EventRecord, 2000)                  \
+  X(EventQuery, 2000)                   \
+  X(EventSynchronize, 2000)             \
+  X(StreamBeginCapture, 10010)          \
+  X(StreamEndCapture, 10000)            \
+  X(StreamGetCaptureInfo, 12030)        \
+  X(GraphInstantiateWithFlags, 11040)   \
+  X(GraphExecUpdate, 12000)             \
+  X(GraphLaunch, 10000)                 \
+  X(GraphExecDestroy, 10000)            \
+  X(GraphDestroy, 10000)
 
 struct CudaApi {
-#define GRAPHALLOC_CUDA_FIELD(name) decltype(&::cu##name) name = nullptr;
+#define GRAPHALLOC_CUDA_FIELD(name, version) PFN_cu##name##_v##version name = nullptr;
   GRAPHALLOC_CUDA_SYMBOLS(GRAPHALLOC_CUDA_FIELD)
 #undef GRAPHALLOC_CUDA_FIELD
   int driver_version = 0;  // from cuDriverGetVersion, e.g. 13000
