@@ -1,0 +1,351 @@
+// The random kernels on the selected device (sim by default, the GPU for the `gpu` entry): Philox known
+// answers through the device path, cuRAND stream vectors through FillBits, fills and dropout equal to the
+// host computation bit for bit, captured PhiloxArgs read at run time, and (GPU only) real cuRAND agreement.
+#include "rng/random_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "rng/philox.h"
+#include "rng/philox_args.h"
+#include "tests/rng/rng_test_util.h"
+#include "tests/testing/test_device.h"
+
+#if defined(GRAPHALLOC_RNG_TEST_HAVE_CUDA)
+#include "tests/rng/curand_reference.h"
+#endif
+
+namespace graphalloc {
+namespace {
+
+using rng_test::Bits;
+using rng_test::DeviceBuffer;
+using rng_test::ExpectedWord;
+
+struct Kat {
+  int rounds;
+  PhiloxWords counter;
+  PhiloxKey key;
+  PhiloxWords expected;
+};
+
+const std::array<Kat, 5> kKats = {{
+    {10, {0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+    {10,
+     {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+     {0xffffffff, 0xffffffff},
+     {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+    {10,
+     {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+     {0xa4093822, 0x299f31d0},
+     {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    {7, {0, 0, 0, 0}, {0, 0}, {0x5f6fb709, 0x0d893f64, 0x4f121f81, 0x4f730a48}},
+    {7,
+     {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+     {0xa4093822, 0x299f31d0},
+     {0x4dfccaba, 0x190a87f0, 0xc47362ba, 0xb6b5242a}},
+}};
+
+struct StreamRow {
+  std::uint64_t seed, subsequence, offset;
+  std::array<std::uint32_t, 8> words;
+};
+
+const std::array<StreamRow, 6> kStreamRows = {{
+    {0,
+     0,
+     0,
+     {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8, 0xf8e4cca4, 0x5cb200db, 0xb1a574eb, 0x097eff67}},
+    {42,
+     0,
+     0,
+     {0x9ceaf053, 0x77f5493b, 0x12bf50ad, 0x5742b3d7, 0xfcdb2127, 0x53ba6cfd, 0x838f5a6e, 0x744e06fb}},
+    {42,
+     1,
+     0,
+     {0x02933769, 0x2051e913, 0x3b68b038, 0xb62c409c, 0x20ff9139, 0xfdd21d94, 0x1b0af4ec, 0x39c6bd08}},
+    {42,
+     0,
+     4,
+     {0xfcdb2127, 0x53ba6cfd, 0x838f5a6e, 0x744e06fb, 0xd36c0225, 0xa8875dcb, 0x9a4d6d99, 0xc609a559}},
+    {42,
+     0,
+     2,
+     {0x12bf50ad, 0x5742b3d7, 0xfcdb2127, 0x53ba6cfd, 0x838f5a6e, 0x744e06fb, 0xd36c0225, 0xa8875dcb}},
+    {0x123456789abcdef0ull,
+     5,
+     8,
+     {0x63f6cee6, 0xe463b929, 0x5ed79d8f, 0xfecbfd85, 0x7e0c43b7, 0x3039e0a6, 0xaa531e5a, 0x3676c17e}},
+}};
+
+TEST(RandomOpsTest, KnownAnswerVectorsThroughTheDevicePath) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  std::vector<PhiloxWords> counters, out(kKats.size());
+  std::vector<PhiloxKey> keys;
+  for (const Kat& k : kKats) {
+    counters.push_back(k.counter);
+    keys.push_back(k.key);
+  }
+  if (driver->Kind() == "sim") {
+    // The simulated device's "kernel" is a stream-ordered closure over device (= host) memory.
+    DeviceBuffer buf(*driver, sizeof(PhiloxWords) * kKats.size());
+    const DevicePtr dst = buf.get();
+    ASSERT_TRUE(driver
+                    ->LaunchHostFunction(kDefaultStream,
+                                         [dst, counters, keys] {
+                                           auto* o = reinterpret_cast<PhiloxWords*>(dst);
+                                           for (std::size_t i = 0; i < counters.size(); ++i) {
+                                             o[i] = kKats[i].rounds == 7
+                                                        ? Philox4x32<7>(counters[i], keys[i])
+                                                        : Philox4x32<10>(counters[i], keys[i]);
+                                           }
+                                         })
+                    .ok());
+    ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+    out = buf.Read<PhiloxWords>();
+  } else {
+#if defined(GRAPHALLOC_RNG_TEST_HAVE_CUDA)
+    // Rounds differ per row: run the 10-round and 7-round rows separately.
+    std::vector<PhiloxWords> out10(kKats.size()), out7(kKats.size());
+    int err = rng_test::RunPhiloxBlocksOnGpu(counters.data(), keys.data(), static_cast<int>(kKats.size()), 10,
+                                             out10.data());
+    ASSERT_EQ(err, 0) << rng_test::CudaErrorText(err);
+    err = rng_test::RunPhiloxBlocksOnGpu(counters.data(), keys.data(), static_cast<int>(kKats.size()), 7,
+                                         out7.data());
+    ASSERT_EQ(err, 0) << rng_test::CudaErrorText(err);
+    for (std::size_t i = 0; i < kKats.size(); ++i) out[i] = kKats[i].rounds == 7 ? out7[i] : out10[i];
+#else
+    GTEST_SKIP() << "built without nvcc: no device kernels to test";
+#endif
+  }
+  for (std::size_t i = 0; i < kKats.size(); ++i) {
+    EXPECT_EQ(out[i].x, kKats[i].expected.x) << "K" << i + 1;
+    EXPECT_EQ(out[i].y, kKats[i].expected.y) << "K" << i + 1;
+    EXPECT_EQ(out[i].z, kKats[i].expected.z) << "K" << i + 1;
+    EXPECT_EQ(out[i].w, kKats[i].expected.w) << "K" << i + 1;
+  }
+}
+
+TEST(RandomOpsTest, FillBitsReproducesCurandStreamVectors) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  // At the full grid (1056 x 256 threads) with 8 words per thread every thread draws two curand4 blocks;
+  // thread t's draw j lands at element (j / 4) * 4T + (j % 4) * T + t.
+  const std::uint64_t threads = 1056 * 256;
+  const std::size_t n = 8 * threads;
+  ASSERT_EQ(PhiloxIncrement(n), 8u);
+  DeviceBuffer buf(*driver, n * sizeof(std::uint32_t));
+  for (const StreamRow& row : kStreamRows) {
+    ASSERT_TRUE(
+        FillBits(*driver, kDefaultStream, buf.get(), n, PhiloxArgs::Eager(row.seed, row.offset)).ok());
+    ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+    const std::vector<std::uint32_t> out = buf.Read<std::uint32_t>();
+    for (std::uint64_t j = 0; j < 8; ++j) {
+      const std::uint64_t index = (j / 4) * 4 * threads + (j % 4) * threads + row.subsequence;
+      EXPECT_EQ(out[index], row.words[j]) << "seed " << row.seed << " subsequence " << row.subsequence
+                                          << " offset " << row.offset << " draw " << j;
+    }
+  }
+}
+
+TEST(RandomOpsTest, FillBitsEqualsTheHostStreamForEveryElement) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  for (std::size_t n :
+       {std::size_t{1}, std::size_t{255}, std::size_t{5000}, std::size_t{1056 * 256 * 4 + 3}}) {
+    const std::uint64_t seed = 0x5eed0000 + n, offset = 12;
+    DeviceBuffer buf(*driver, n * sizeof(std::uint32_t));
+    ASSERT_TRUE(FillBits(*driver, kDefaultStream, buf.get(), n, PhiloxArgs::Eager(seed, offset)).ok());
+    ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+    const std::vector<std::uint32_t> out = buf.Read<std::uint32_t>();
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < n; ++i) mismatches += out[i] != ExpectedWord(seed, offset, i, n);
+    EXPECT_EQ(mismatches, 0u) << "n = " << n;
+  }
+}
+
+TEST(RandomOpsTest, UniformAndNormalFillsEqualHostBitsInBothDtypes) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t n = 300001;
+  const std::uint64_t seed = 1234, offset = 40;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (bool normal : {false, true}) {
+      DeviceBuffer buf(*driver, n * DTypeSize(dtype));
+      const PhiloxArgs args = PhiloxArgs::Eager(seed, offset);
+      ASSERT_TRUE(
+          (normal ? FillNormal : FillUniform)(*driver, kDefaultStream, buf.get(), n, dtype, args).ok());
+      ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+      std::size_t mismatches = 0;
+      // Expected: the element's word (pair, for normals) through rng/philox.h's conversions.
+      auto expected_float = [&](std::size_t i) {
+        if (!normal) return UniformFloat(ExpectedWord(seed, offset, i, n));
+        // Normals pair words (0,1) and (2,3) of the same curand4 draw.
+        const std::uint64_t t = rng_test::ExpectedThreads(n);
+        const std::size_t k = (i % (4 * t)) / t;
+        const std::size_t first = i - (k % 2) * t;
+        const FloatPair p =
+            NormalPair(ExpectedWord(seed, offset, first, n), ExpectedWord(seed, offset, first + t, n));
+        return k % 2 == 0 ? p.first : p.second;
+      };
+      if (dtype == DType::kFloat32) {
+        const std::vector<std::uint32_t> out = buf.Read<std::uint32_t>();
+        for (std::size_t i = 0; i < n; ++i) mismatches += out[i] != Bits(expected_float(i));
+      } else {
+        const std::vector<std::uint16_t> out = buf.Read<std::uint16_t>();
+        for (std::size_t i = 0; i < n; ++i) mismatches += out[i] != FloatToBFloat16(expected_float(i));
+      }
+      EXPECT_EQ(mismatches, 0u) << (normal ? "normal" : "uniform") << " dtype " << static_cast<int>(dtype);
+    }
+  }
+}
+
+std::vector<float> Iota(std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = 1.0f + static_cast<float>(i % 1000) * 0.25f;
+  return v;
+}
+
+TEST(RandomOpsTest, DropoutForwardAndBackwardShareOneMask) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t n = 100003;
+  const float p = 0.3f;
+  const std::uint64_t seed = 77, offset = 8;
+  const PhiloxArgs args = PhiloxArgs::Eager(seed, offset);
+  DeviceBuffer in(*driver, n * 4), out(*driver, n * 4), grad_out(*driver, n * 4), grad_in(*driver, n * 4);
+  const std::vector<float> x = Iota(n);
+  in.Write(x);
+  grad_out.Write(std::vector<float>(n, 2.0f));
+  ASSERT_TRUE(DropoutForward(*driver, kDefaultStream, in.get(), out.get(), n, DType::kFloat32, p, args).ok());
+  ASSERT_TRUE(
+      DropoutBackward(*driver, kDefaultStream, grad_out.get(), grad_in.get(), n, DType::kFloat32, p, args)
+          .ok());
+  ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+  const std::vector<float> y = out.Read<float>(), g = grad_in.Read<float>();
+  const float keep = 1.0f - p, scale = 1.0f / keep;
+  std::size_t kept = 0, mismatches = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool k = UniformFloat(ExpectedWord(seed, offset, i, n)) <= keep;
+    kept += k;
+    mismatches += Bits(y[i]) != Bits(k ? x[i] * scale : 0.0f);
+    mismatches += Bits(g[i]) != Bits(k ? 2.0f * scale : 0.0f);
+  }
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_NEAR(static_cast<double>(kept) / n, 0.7, 0.01);
+}
+
+TEST(RandomOpsTest, DropoutBFloat16InPlaceAndEdgeProbabilities) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t n = 4099;
+  DeviceBuffer buf(*driver, n * 2);
+  std::vector<std::uint16_t> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = FloatToBFloat16(0.5f + static_cast<float>(i % 7));
+  const PhiloxArgs args = PhiloxArgs::Eager(5, 0);
+  // p = 0: identity.
+  buf.Write(x);
+  ASSERT_TRUE(
+      DropoutForward(*driver, kDefaultStream, buf.get(), buf.get(), n, DType::kBFloat16, 0.0f, args).ok());
+  ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+  EXPECT_EQ(buf.Read<std::uint16_t>(), x);
+  // p = 0.5 in place: kept elements doubled.
+  ASSERT_TRUE(
+      DropoutForward(*driver, kDefaultStream, buf.get(), buf.get(), n, DType::kBFloat16, 0.5f, args).ok());
+  ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+  const std::vector<std::uint16_t> half = buf.Read<std::uint16_t>();
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool k = UniformFloat(ExpectedWord(5, 0, i, n)) <= 0.5f;
+    mismatches += half[i] != (k ? FloatToBFloat16(BFloat16ToFloat(x[i]) * 2.0f) : FloatToBFloat16(0.0f));
+  }
+  EXPECT_EQ(mismatches, 0u);
+  // p = 1: everything dropped.
+  ASSERT_TRUE(
+      DropoutForward(*driver, kDefaultStream, buf.get(), buf.get(), n, DType::kBFloat16, 1.0f, args).ok());
+  ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+  EXPECT_EQ(buf.Read<std::uint16_t>(), std::vector<std::uint16_t>(n, 0));
+}
+
+TEST(RandomOpsTest, RejectsBadArguments) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  DeviceBuffer buf(*driver, 64);
+  const PhiloxArgs args = PhiloxArgs::Eager(1, 0);
+  absl::Status s =
+      DropoutForward(*driver, kDefaultStream, buf.get(), buf.get(), 4, DType::kFloat32, 1.5f, args);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("drop probability must be in [0, 1], got 1.5"), std::string::npos) << s;
+  s = FillUniform(*driver, kDefaultStream, 0, 4, DType::kFloat32, args);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("out is a null device pointer"), std::string::npos) << s;
+  s = FillBits(*driver, kDefaultStream, buf.get(), 4, PhiloxArgs::Captured(0, 0, 0));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("null seed or offset slot address"), std::string::npos) << s;
+  EXPECT_TRUE(FillBits(*driver, kDefaultStream, 0, 0, args).ok());  // n = 0 is a no-op
+}
+
+TEST(RandomOpsTest, CapturedArgsReadTheSlotsWhenTheKernelRuns) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t n = 2048;
+  DeviceBuffer slots(*driver, 16), a(*driver, n * 4), b(*driver, n * 4);
+  const PhiloxArgs captured = PhiloxArgs::Captured(slots.get(), slots.get() + 8, /*intragraph_offset=*/8);
+  // Slot write and kernel are stream-ordered; the kernel sees (seed 9, base 4) + 8.
+  ASSERT_TRUE(WritePhiloxSlots(*driver, kDefaultStream, slots.get(), 9, 4).ok());
+  ASSERT_TRUE(FillBits(*driver, kDefaultStream, a.get(), n, captured).ok());
+  ASSERT_TRUE(WritePhiloxSlots(*driver, kDefaultStream, slots.get(), 10, 100).ok());
+  ASSERT_TRUE(FillBits(*driver, kDefaultStream, b.get(), n, captured).ok());
+  ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+  const std::vector<std::uint32_t> va = a.Read<std::uint32_t>(), vb = b.Read<std::uint32_t>();
+  for (std::size_t i : {std::size_t{0}, std::size_t{1}, std::size_t{777}, n - 1}) {
+    EXPECT_EQ(va[i], ExpectedWord(9, 12, i, n)) << i;
+    EXPECT_EQ(vb[i], ExpectedWord(10, 108, i, n)) << i;
+  }
+  EXPECT_EQ(slots.Read<std::uint64_t>(), (std::vector<std::uint64_t>{10, 100}));
+}
+
+TEST(RandomOpsTest, AgreesWithRealCurandOnTheGpu) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  if (driver->Kind() != "cuda") GTEST_SKIP() << "real cuRAND runs on the GPU only (the `gpu` test entry)";
+#if defined(GRAPHALLOC_RNG_TEST_HAVE_CUDA)
+  std::vector<std::uint64_t> seeds, subs, offsets;
+  for (std::uint64_t seed : {0ull, 1ull, 42ull, 0x123456789abcdef0ull, ~0ull}) {
+    for (std::uint64_t sub : {0ull, 1ull, 5ull, 1023ull, 0xffffffffull, 0x100000000ull, ~0ull}) {
+      for (std::uint64_t off :
+           {0ull, 1ull, 2ull, 3ull, 4ull, 8ull, 1000ull, 0x3fffffffcull, 0x400000000ull, ~0ull - 3}) {
+        seeds.push_back(seed);
+        subs.push_back(sub);
+        offsets.push_back(off);
+      }
+    }
+  }
+  const int count = static_cast<int>(seeds.size()), words = 12;
+  std::vector<std::uint32_t> curand(count * words), ours_gpu(count * words);
+  int err = rng_test::RunCurandOnGpu(seeds.data(), subs.data(), offsets.data(), count, words, curand.data());
+  ASSERT_EQ(err, 0) << rng_test::CudaErrorText(err);
+  err = rng_test::RunPhiloxStreamOnGpu(seeds.data(), subs.data(), offsets.data(), count, words,
+                                       ours_gpu.data());
+  ASSERT_EQ(err, 0) << rng_test::CudaErrorText(err);
+  for (int i = 0; i < count; ++i) {
+    PhiloxStream host(seeds[i], subs[i], offsets[i]);
+    for (int k = 0; k < words; ++k) {
+      const std::uint32_t h = host.Next();
+      ASSERT_EQ(curand[i * words + k], h) << "cuRAND vs host: seed " << seeds[i] << " subsequence " << subs[i]
+                                          << " offset " << offsets[i] << " draw " << k;
+      ASSERT_EQ(ours_gpu[i * words + k], h) << "our GPU stream vs host: seed " << seeds[i] << " subsequence "
+                                            << subs[i] << " offset " << offsets[i] << " draw " << k;
+    }
+  }
+  // curand_uniform's float conversion, bit for bit.
+  const int n = 1 << 16;
+  std::vector<float> uniform(n);
+  err = rng_test::RunCurandUniformOnGpu(2718, n, uniform.data());
+  ASSERT_EQ(err, 0) << rng_test::CudaErrorText(err);
+  for (int i = 0; i < n; ++i) {
+    PhiloxStream s(2718, i, 0);
+    ASSERT_EQ(Bits(uniform[i]), Bits(UniformFloat(s.Next()))) << "thread " << i;
+  }
+#else
+  GTEST_SKIP() << "built without nvcc: no cuRAND reference kernels";
+#endif
+}
+
+}  // namespace
+}  // namespace graphalloc
