@@ -27,10 +27,10 @@ SimDriver* AsSim(Driver* driver);
 }  // namespace graphalloc::testing
 
 // Declares `driver_` (std::shared_ptr<Driver>) for the selected device, or skips the test.
-#define GRAPHALLOC_REQUIRE_DEVICE(driver_, ...)                                              \
-  std::string driver_##_skip_reason;                                                         \
-  std::shared_ptr<::graphalloc::Driver> driver_ =                                            \
-      ::graphalloc::testing::MakeTestDriver(&driver_##_skip_reason, ##__VA_ARGS__);          \
+#define GRAPHALLOC_REQUIRE_DEVICE(driver_, ...)                                     \
+  std::string driver_##_skip_reason;                                                \
+  std::shared_ptr<::graphalloc::Driver> driver_ =                                   \
+      ::graphalloc::testing::MakeTestDriver(&driver_##_skip_reason, ##__VA_ARGS__); \
   if (driver_ == nullptr) GTEST_SKIP() << driver_##_skip_reason
 
 #endif  // GRAPHALLOC_TESTS_TESTING_TEST_DEVICE_H_

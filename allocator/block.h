@@ -1,0 +1,108 @@
+// Blocks and segments: the allocator's model of device memory.
+//
+// A segment is one device allocation (or, for expandable segments, one reserved address range). It is
+// carved into blocks that chain in address order (prev/next); a block is allocated, free (in its pool's
+// free index) or waiting for stream events. Every block of a segment belongs to the segment's stream,
+// because a freed block is reused only by the stream it was allocated on.
+#ifndef GRAPHALLOC_ALLOCATOR_BLOCK_H_
+#define GRAPHALLOC_ALLOCATOR_BLOCK_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "allocator/device/driver.h"
+
+namespace graphalloc {
+
+struct BlockPool;
+struct Segment;
+
+struct Block {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;
+  std::size_t requested_size = 0;  // the caller's unrounded size, while allocated
+  Stream stream = kDefaultStream;
+  Segment* segment = nullptr;
+  Block* prev = nullptr;  // address-ordered neighbours within the segment
+  Block* next = nullptr;
+  bool allocated = false;
+  bool mapped = true;    // false only for unmapped address ranges of an expandable segment
+  bool freeing = false;  // Free() is recording its stream events with the lock released
+  int event_count = 0;   // stream events still to complete before the block may be reused
+  absl::InlinedVector<Stream, 1> stream_uses;  // other streams recorded with RecordStream
+  std::uint64_t gc_count_base = 0;             // pool clock when the block became free (GC age)
+
+  bool IsSplit() const { return prev != nullptr || next != nullptr; }
+  // Back to a default-constructed state without reassigning stream_uses (whose inline storage GCC 12
+  // wrongly reports as maybe-uninitialized when a whole Block is assigned).
+  void Reset() {
+    ptr = 0;
+    size = requested_size = 0;
+    stream = kDefaultStream;
+    segment = nullptr;
+    prev = next = nullptr;
+    allocated = freeing = false;
+    mapped = true;
+    event_count = 0;
+    stream_uses.clear();
+    gc_count_base = 0;
+  }
+  DevicePtr end() const { return ptr + size; }
+};
+
+struct Segment {
+  DevicePtr base = 0;
+  std::size_t size = 0;
+  Stream stream = kDefaultStream;
+  BlockPool* pool = nullptr;
+  Block* head = nullptr;
+  bool expandable = false;
+  // Intrusive list of every segment of the allocator, for snapshots and invariant checks.
+  Segment* prev_segment = nullptr;
+  Segment* next_segment = nullptr;
+};
+
+// Recycles Block objects so that splitting and merging never touch the heap once warmed up.
+class BlockArena {
+ public:
+  BlockArena() = default;
+  BlockArena(const BlockArena&) = delete;
+  BlockArena& operator=(const BlockArena&) = delete;
+
+  Block* New() {
+    if (free_ == nullptr) Grow();
+    Block* b = free_;
+    free_ = b->next;
+    b->Reset();
+    ++live_;
+    return b;
+  }
+  void Delete(Block* b) {
+    b->stream_uses.clear();
+    b->next = free_;
+    free_ = b;
+    --live_;
+  }
+  std::size_t live() const { return live_; }
+
+ private:
+  static constexpr std::size_t kChunk = 256;
+  void Grow() {
+    chunks_.push_back(std::make_unique<Block[]>(kChunk));
+    Block* chunk = chunks_.back().get();
+    for (std::size_t i = 0; i < kChunk; ++i) {
+      chunk[i].next = free_;
+      free_ = &chunk[i];
+    }
+  }
+  std::vector<std::unique_ptr<Block[]>> chunks_;
+  Block* free_ = nullptr;
+  std::size_t live_ = 0;
+};
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_BLOCK_H_

@@ -1,0 +1,53 @@
+// The allocator's configuration: one typed value, parsed from GRAPHALLOC_CONF or built in code.
+//
+// The syntax is PYTORCH_CUDA_ALLOC_CONF's for the keys the two share:
+//   "expandable_segments:True,max_split_size_mb:256,roundup_power2_divisions:[64:8,256:4,>:1]"
+// Unknown keys and bad values are errors naming the key and what it accepts.
+#ifndef GRAPHALLOC_ALLOCATOR_CONFIG_H_
+#define GRAPHALLOC_ALLOCATOR_CONFIG_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace graphalloc {
+
+inline constexpr std::size_t kMiB = std::size_t{1} << 20;
+inline constexpr std::size_t kGiB = std::size_t{1} << 30;
+// Power-of-two intervals for roundup_power2_divisions: [1 MiB, 2 MiB), ... up to >= 32 GiB.
+inline constexpr int kRoundUpPowerOfTwoIntervals = 16;
+
+struct Config {
+  // Requests at least this large are "oversize": never split, and smaller requests never take them.
+  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  // An oversize request may take a cached block at most this much larger than itself.
+  std::size_t max_non_split_rounding_size = 20 * kMiB;
+  // Segment size for large requests below 10 MiB (PyTorch's kLargeBuffer).
+  std::size_t large_segment_size = 20 * kMiB;
+  // Per power-of-two interval: round sizes up to one of this many steps (0 or 1: no rounding).
+  std::array<std::size_t, kRoundUpPowerOfTwoIntervals> roundup_power2_divisions{};
+  // Fraction of the memory fraction's limit above which cached blocks are reclaimed (0: off).
+  double garbage_collection_threshold = 0.0;
+  // Grow segments by mapping physical pages into reserved address ranges (CUDA VMM).
+  bool expandable_segments = false;
+  // Cap on this allocator's reserved memory as a fraction of the device's total (1.0: no cap).
+  double per_process_memory_fraction = 1.0;
+
+  // Parses a configuration string; an empty string gives the defaults.
+  static absl::StatusOr<Config> Parse(absl::string_view text);
+  // Parses the GRAPHALLOC_CONF environment variable (defaults when unset).
+  static absl::StatusOr<Config> FromEnvironment();
+  // The configuration in the syntax Parse() reads (round-trips).
+  std::string ToString() const;
+
+  friend bool operator==(const Config&, const Config&) = default;
+};
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_CONFIG_H_

@@ -1,0 +1,33 @@
+// Size classes: how a request is rounded, which pool it uses and how big a new segment for it is.
+// PyTorch's rules (reference/pytorch_caching_allocator.md section 2.3 and 2.4), as pure functions.
+#ifndef GRAPHALLOC_ALLOCATOR_SIZE_POLICY_H_
+#define GRAPHALLOC_ALLOCATOR_SIZE_POLICY_H_
+
+#include <cstddef>
+
+#include "allocator/config.h"
+
+namespace graphalloc {
+
+inline constexpr std::size_t kMinBlockSize = 512;         // every block is a multiple of this
+inline constexpr std::size_t kSmallSize = 1 * kMiB;       // rounded requests up to this use the small pool
+inline constexpr std::size_t kSmallBuffer = 2 * kMiB;     // small-pool segment size
+inline constexpr std::size_t kMinLargeAlloc = 10 * kMiB;  // below this a large request gets a whole buffer
+inline constexpr std::size_t kRoundLarge = 2 * kMiB;      // larger segments are rounded to this
+inline constexpr std::size_t kMaxRequest = std::size_t{1} << 60;  // 1 EiB: anything larger is refused
+
+// The block size a request of `bytes` gets (>= 512, a multiple of 512).
+std::size_t RoundSize(std::size_t bytes, const Config& config);
+
+// True when a block of `rounded` bytes belongs in the small pool.
+inline bool IsSmall(std::size_t rounded) { return rounded <= kSmallSize; }
+
+// The size of a new regular segment that serves a request of `rounded` bytes.
+std::size_t SegmentSizeFor(std::size_t rounded, const Config& config);
+
+// "512 bytes", "1.50 KiB", "2.00 GiB": sizes as error messages and reports print them.
+std::string FormatBytes(std::size_t bytes);
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_SIZE_POLICY_H_
