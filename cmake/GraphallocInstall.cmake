@@ -8,6 +8,7 @@ install(TARGETS graphalloc graphalloc_static graphalloc_shared EXPORT graphalloc
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY allocator graph rng DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/graphalloc
         FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
+install(FILES allocator/c_api/graphalloc.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT graphallocTargets NAMESPACE graphalloc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/graphalloc)
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/graphallocConfig.cmake.in

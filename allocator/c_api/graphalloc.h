@@ -1,0 +1,62 @@
+/* graphalloc's plain C ABI, exported by libgraphalloc.so.
+ *
+ * PyTorch loads the first two functions as its CUDA allocator, with no LD_PRELOAD:
+ *   torch.cuda.memory.CUDAPluggableAllocator("libgraphalloc.so", "graphalloc_torch_malloc",
+ *                                            "graphalloc_torch_free")
+ * The others return a graphalloc_status code; graphalloc_last_error() holds the calling thread's last
+ * message. No C++ type crosses this interface, and no argument can crash the process: bad input gets an
+ * error code and leaves every other allocation intact. Each device's allocator is created on first use
+ * (GRAPHALLOC_DEVICE selects the real or simulated device, GRAPHALLOC_CONF the configuration). */
+#ifndef GRAPHALLOC_ALLOCATOR_C_API_GRAPHALLOC_H_
+#define GRAPHALLOC_ALLOCATOR_C_API_GRAPHALLOC_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The same type as cudaStream_t and CUstream, declared without CUDA headers. */
+struct CUstream_st;
+typedef struct CUstream_st* graphalloc_stream;
+
+typedef enum graphalloc_status {
+  GRAPHALLOC_OK = 0,
+  GRAPHALLOC_INVALID_ARGUMENT = 1, /* unknown pointer, double free, bad device, bad config */
+  GRAPHALLOC_OUT_OF_MEMORY = 2,
+  GRAPHALLOC_UNAVAILABLE = 3, /* no CUDA driver or device */
+  GRAPHALLOC_FAILED_PRECONDITION = 4,
+  GRAPHALLOC_BUFFER_TOO_SMALL = 5,
+  GRAPHALLOC_INTERNAL = 6
+} graphalloc_status;
+
+/* PyTorch CUDAPluggableAllocator entry points. malloc returns NULL on failure (the message is in
+ * graphalloc_last_error()); free reports a bad pointer on stderr and in graphalloc_last_error(). */
+void* graphalloc_torch_malloc(size_t size, int device, graphalloc_stream stream);
+void graphalloc_torch_free(void* ptr, size_t size, int device, graphalloc_stream stream);
+
+/* *ptr receives device memory of at least `size` bytes usable on `stream` (NULL for size 0). */
+int graphalloc_malloc(void** ptr, size_t size, int device, graphalloc_stream stream);
+/* Returns `ptr` (from graphalloc_malloc on `device`) to the cache. NULL is accepted and ignored. */
+int graphalloc_free(void* ptr, int device);
+/* `ptr` is used on `stream` too: it is reused only after the work enqueued there has completed. */
+int graphalloc_record_stream(void* ptr, int device, graphalloc_stream stream);
+/* Returns every unused cached segment of `device` to the driver. */
+int graphalloc_empty_cache(int device);
+/* Caps the memory `device`'s allocator reserves at `fraction` of the device's total, in [0, 1]. */
+int graphalloc_set_memory_fraction(double fraction, int device);
+/* Writes the statistics of `device` as a NUL-terminated JSON object (PyTorch's memory_stats keys) into
+ * buffer; *required (if not NULL) receives the size needed including the NUL. Returns
+ * GRAPHALLOC_BUFFER_TOO_SMALL, writing nothing, when buffer_size is too small. */
+int graphalloc_stats_json(int device, char* buffer, size_t buffer_size, size_t* required);
+/* Resets the peak values, or the accumulated counters, of the statistics of `device`. */
+int graphalloc_reset_peak_stats(int device);
+int graphalloc_reset_accumulated_stats(int device);
+/* The calling thread's last error message ("" if none); valid until the thread's next graphalloc call. */
+const char* graphalloc_last_error(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GRAPHALLOC_ALLOCATOR_C_API_GRAPHALLOC_H_ */

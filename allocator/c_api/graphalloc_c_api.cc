@@ -1,0 +1,160 @@
+// The C ABI: translates each call to the default allocator of its device, Status to a code, and keeps
+// the message for graphalloc_last_error(). Nothing may escape as an exception.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/c_api/graphalloc.h"
+#include "allocator/default_allocator.h"
+
+namespace graphalloc {
+namespace {
+
+thread_local std::string last_error;
+
+int Code(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return GRAPHALLOC_OK;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kOutOfRange:
+      return GRAPHALLOC_INVALID_ARGUMENT;
+    case absl::StatusCode::kResourceExhausted:
+      return GRAPHALLOC_OUT_OF_MEMORY;
+    case absl::StatusCode::kUnavailable:
+      return GRAPHALLOC_UNAVAILABLE;
+    case absl::StatusCode::kFailedPrecondition:
+      return GRAPHALLOC_FAILED_PRECONDITION;
+    default:
+      return GRAPHALLOC_INTERNAL;
+  }
+}
+
+int Report(const absl::Status& status) {
+  last_error = status.ok() ? std::string() : std::string(status.message());
+  return Code(status);
+}
+
+// Runs `body` (returning absl::Status) with exceptions turned into an internal error.
+template <typename F>
+int Guarded(F body) {
+  try {
+    return Report(body());
+  } catch (const std::exception& e) {
+    return Report(absl::InternalError(std::string("graphalloc: unexpected exception: ") + e.what()));
+  } catch (...) {
+    return Report(absl::InternalError("graphalloc: unexpected exception"));
+  }
+}
+
+DevicePtr ToDevice(const void* ptr) { return reinterpret_cast<DevicePtr>(ptr); }
+Stream ToStream(graphalloc_stream stream) { return StreamFromNative(stream); }
+
+}  // namespace
+}  // namespace graphalloc
+
+using graphalloc::DefaultAllocator;
+using graphalloc::Guarded;
+
+extern "C" {
+
+int graphalloc_malloc(void** ptr, size_t size, int device, graphalloc_stream stream) {
+  return Guarded([&]() -> absl::Status {
+    if (ptr == nullptr) return absl::InvalidArgumentError("graphalloc_malloc: ptr (the output) is NULL");
+    *ptr = nullptr;
+    absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    absl::StatusOr<graphalloc::DevicePtr> p = (*allocator)->Allocate(size, graphalloc::ToStream(stream));
+    if (!p.ok()) return p.status();
+    *ptr = reinterpret_cast<void*>(*p);
+    return absl::OkStatus();
+  });
+}
+
+int graphalloc_free(void* ptr, int device) {
+  return Guarded([&]() -> absl::Status {
+    if (ptr == nullptr) return absl::OkStatus();
+    absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    return (*allocator)->Free(graphalloc::ToDevice(ptr));
+  });
+}
+
+void* graphalloc_torch_malloc(size_t size, int device, graphalloc_stream stream) {
+  void* ptr = nullptr;
+  graphalloc_malloc(&ptr, size, device, stream);
+  return ptr;
+}
+
+void graphalloc_torch_free(void* ptr, size_t /*size*/, int device, graphalloc_stream /*stream*/) {
+  if (graphalloc_free(ptr, device) != GRAPHALLOC_OK) {
+    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::last_error.c_str());
+  }
+}
+
+int graphalloc_record_stream(void* ptr, int device, graphalloc_stream stream) {
+  return Guarded([&]() -> absl::Status {
+    absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    return (*allocator)->RecordStream(graphalloc::ToDevice(ptr), graphalloc::ToStream(stream));
+  });
+}
+
+int graphalloc_empty_cache(int device) {
+  return Guarded([&]() -> absl::Status {
+    absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    return (*allocator)->EmptyCache();
+  });
+}
+
+int graphalloc_set_memory_fraction(double fraction, int device) {
+  return Guarded([&]() -> absl::Status {
+    absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    return (*allocator)->SetMemoryFraction(fraction);
+  });
+}
+
+int graphalloc_stats_json(int device, char* buffer, size_t buffer_size, size_t* required) {
+  bool too_small = false;
+  int code = Guarded([&]() -> absl::Status {
+    absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    const std::string json = (*allocator)->GetStats().ToJson();
+    if (required != nullptr) *required = json.size() + 1;
+    if (buffer == nullptr || buffer_size < json.size() + 1) {
+      too_small = true;
+      return absl::OutOfRangeError(absl::StrCat("graphalloc_stats_json: buffer of ", buffer_size,
+                                                " bytes is too small; ", json.size() + 1, " needed"));
+    }
+    std::memcpy(buffer, json.c_str(), json.size() + 1);
+    return absl::OkStatus();
+  });
+  return too_small ? GRAPHALLOC_BUFFER_TOO_SMALL : code;
+}
+
+int graphalloc_reset_peak_stats(int device) {
+  return Guarded([&]() -> absl::Status {
+    absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    (*allocator)->ResetPeakStats();
+    return absl::OkStatus();
+  });
+}
+
+int graphalloc_reset_accumulated_stats(int device) {
+  return Guarded([&]() -> absl::Status {
+    absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    (*allocator)->ResetAccumulatedStats();
+    return absl::OkStatus();
+  });
+}
+
+const char* graphalloc_last_error(void) { return graphalloc::last_error.c_str(); }
+
+}  // extern "C"

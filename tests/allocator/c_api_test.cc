@@ -1,0 +1,98 @@
+// The C ABI: codes, messages and the PyTorch entry points, through the process-wide allocators.
+#include <cstdlib>
+#include <string>
+
+#include "allocator/c_api/graphalloc.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/test_device.h"
+
+namespace graphalloc {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CApiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // The default allocators follow GRAPHALLOC_DEVICE; run them on the device under test.
+    ::setenv("GRAPHALLOC_DEVICE", testing::TestDeviceKind().c_str(), 1);
+    std::string skip;
+    if (testing::MakeTestDriver(&skip) == nullptr) GTEST_SKIP() << skip;
+  }
+};
+
+TEST_F(CApiTest, MallocAndFreeRoundTrip) {
+  void* p = nullptr;
+  ASSERT_EQ(graphalloc_malloc(&p, 1000, 0, nullptr), GRAPHALLOC_OK) << graphalloc_last_error();
+  EXPECT_NE(p, nullptr);
+  EXPECT_STREQ(graphalloc_last_error(), "");
+  EXPECT_EQ(graphalloc_free(p, 0), GRAPHALLOC_OK);
+}
+
+TEST_F(CApiTest, TorchEntryPointsReuseTheCachedBlock) {
+  void* a = graphalloc_torch_malloc(4096, 0, nullptr);
+  ASSERT_NE(a, nullptr) << graphalloc_last_error();
+  graphalloc_torch_free(a, 4096, 0, nullptr);
+  void* b = graphalloc_torch_malloc(4096, 0, nullptr);
+  EXPECT_EQ(b, a);
+  graphalloc_torch_free(b, 4096, 0, nullptr);
+}
+
+TEST_F(CApiTest, FreeOfUnknownPointerReturnsInvalidArgumentWithMessage) {
+  int dummy = 0;
+  EXPECT_EQ(graphalloc_free(&dummy, 0), GRAPHALLOC_INVALID_ARGUMENT);
+  EXPECT_THAT(graphalloc_last_error(), HasSubstr("unknown pointer"));
+}
+
+TEST_F(CApiTest, FreeOnTheWrongDeviceIsAnError) {
+  void* p = nullptr;
+  ASSERT_EQ(graphalloc_malloc(&p, 512, 0, nullptr), GRAPHALLOC_OK);
+  // Device 1 may not exist (then its allocator cannot be created); either way the block stays on device 0.
+  EXPECT_NE(graphalloc_free(p, 1), GRAPHALLOC_OK);
+  EXPECT_STRNE(graphalloc_last_error(), "");
+  EXPECT_EQ(graphalloc_free(p, 0), GRAPHALLOC_OK);
+}
+
+TEST_F(CApiTest, BadArgumentsGetCodesNotCrashes) {
+  EXPECT_EQ(graphalloc_malloc(nullptr, 16, 0, nullptr), GRAPHALLOC_INVALID_ARGUMENT);
+  EXPECT_THAT(graphalloc_last_error(), HasSubstr("NULL"));
+  void* p = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(graphalloc_malloc(&p, 16, -1, nullptr), GRAPHALLOC_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_THAT(graphalloc_last_error(), HasSubstr("device -1 is out of range"));
+  EXPECT_EQ(graphalloc_malloc(&p, 16, 1000, nullptr), GRAPHALLOC_INVALID_ARGUMENT);
+  EXPECT_EQ(graphalloc_malloc(&p, (size_t{1} << 60) + 1, 0, nullptr), GRAPHALLOC_OUT_OF_MEMORY);
+  EXPECT_THAT(graphalloc_last_error(), HasSubstr("more than 1 EiB"));
+  EXPECT_EQ(graphalloc_torch_malloc((size_t{1} << 60) + 1, 0, nullptr), nullptr);
+  EXPECT_EQ(graphalloc_record_stream(nullptr, 0, nullptr), GRAPHALLOC_INVALID_ARGUMENT);
+  EXPECT_EQ(graphalloc_set_memory_fraction(2.0, 0), GRAPHALLOC_INVALID_ARGUMENT);
+  EXPECT_EQ(graphalloc_free(nullptr, 0), GRAPHALLOC_OK);
+  graphalloc_torch_free(nullptr, 0, 0, nullptr);
+}
+
+TEST_F(CApiTest, ZeroBytesGivesNull) {
+  void* p = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(graphalloc_malloc(&p, 0, 0, nullptr), GRAPHALLOC_OK);
+  EXPECT_EQ(p, nullptr);
+}
+
+TEST_F(CApiTest, StatsJsonReportsTheAllocationAndChecksTheBufferSize) {
+  ASSERT_EQ(graphalloc_empty_cache(0), GRAPHALLOC_OK);
+  ASSERT_EQ(graphalloc_reset_accumulated_stats(0), GRAPHALLOC_OK);
+  void* p = nullptr;
+  ASSERT_EQ(graphalloc_malloc(&p, 3000, 0, nullptr), GRAPHALLOC_OK);
+  size_t required = 0;
+  char tiny[8];
+  EXPECT_EQ(graphalloc_stats_json(0, tiny, sizeof(tiny), &required), GRAPHALLOC_BUFFER_TOO_SMALL);
+  ASSERT_GT(required, sizeof(tiny));
+  std::string buffer(required, '\0');
+  ASSERT_EQ(graphalloc_stats_json(0, buffer.data(), buffer.size(), &required), GRAPHALLOC_OK);
+  EXPECT_THAT(buffer, HasSubstr("\"allocated_bytes.all.current\": 3072"));
+  EXPECT_THAT(buffer, HasSubstr("\"allocation.all.allocated\": 1"));
+  EXPECT_EQ(graphalloc_free(p, 0), GRAPHALLOC_OK);
+  EXPECT_EQ(graphalloc_reset_peak_stats(0), GRAPHALLOC_OK);
+}
+
+}  // namespace
+}  // namespace graphalloc
