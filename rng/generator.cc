@@ -176,7 +176,9 @@ absl::Status Generator::BeginCapture(std::uint64_t capture_id) {
           capture_id, capture_->capture_id));
     }
   }
-  // Allocated (a driver call) without the lock held, before the stream capture begins.
+  // Kernels loaded and slots allocated (driver calls) without the lock held, before the stream capture
+  // begins.
+  if (absl::Status s = PrepareKernelsForCapture(*driver_); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<RngSlots>> slots = RngSlots::Allocate(driver_);
   if (!slots.ok()) return slots.status();
   absl::MutexLock lock(&mu_);

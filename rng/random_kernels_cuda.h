@@ -32,6 +32,10 @@ LaunchResult LaunchDropout(int device_ordinal, void* stream, const void* in, voi
 LaunchResult LaunchWriteSlots(int device_ordinal, void* stream, void* slots, std::uint64_t seed,
                               std::uint64_t offset);
 
+// Loads every kernel of this file on `device_ordinal` (cudaFuncGetAttributes), so that no module is lazily
+// loaded while a stream is capturing. Idempotent and cheap after the first call.
+LaunchResult PreloadKernels(int device_ordinal);
+
 }  // namespace graphalloc::rng_cuda
 
 #endif  // GRAPHALLOC_RNG_RANDOM_KERNELS_CUDA_H_

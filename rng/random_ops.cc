@@ -158,6 +158,16 @@ absl::Status DropoutBackward(Driver& driver, Stream stream, DevicePtr grad_out, 
   return EnqueueDropout("DropoutBackward", driver, stream, grad_out, grad_in, n, dtype, p, args);
 }
 
+absl::Status PrepareKernelsForCapture(Driver& driver) {
+  if (driver.Kind() == "sim") return absl::OkStatus();
+#if defined(GRAPHALLOC_RNG_HAVE_CUDA_KERNELS)
+  if (driver.Kind() == "cuda") {
+    return FromLaunch("PrepareKernelsForCapture", rng_cuda::PreloadKernels(driver.Ordinal()));
+  }
+#endif
+  return NoKernel("PrepareKernelsForCapture", driver);
+}
+
 absl::Status WritePhiloxSlots(Driver& driver, Stream stream, DevicePtr slots, std::uint64_t seed,
                               std::uint64_t offset) {
   if (slots == 0) {

@@ -105,4 +105,27 @@ LaunchResult LaunchWriteSlots(int device_ordinal, void* stream, void* slots, std
   return Result(cudaGetLastError(), "WriteSlotsKernel<<<>>>");
 }
 
+LaunchResult PreloadKernels(int device_ordinal) {
+  LaunchResult r = SetDevice(device_ordinal);
+  if (r.code != 0) return r;
+  using rng_body::Distribution;
+  using rng_body::ElementType;
+  const void* kernels[] = {
+      reinterpret_cast<const void*>(&FillKernel<ElementType::kUint32, Distribution::kBits>),
+      reinterpret_cast<const void*>(&FillKernel<ElementType::kFloat32, Distribution::kUniform>),
+      reinterpret_cast<const void*>(&FillKernel<ElementType::kFloat32, Distribution::kNormal>),
+      reinterpret_cast<const void*>(&FillKernel<ElementType::kBFloat16, Distribution::kUniform>),
+      reinterpret_cast<const void*>(&FillKernel<ElementType::kBFloat16, Distribution::kNormal>),
+      reinterpret_cast<const void*>(&DropoutKernel<ElementType::kFloat32>),
+      reinterpret_cast<const void*>(&DropoutKernel<ElementType::kBFloat16>),
+      reinterpret_cast<const void*>(&WriteSlotsKernel),
+  };
+  for (const void* kernel : kernels) {
+    cudaFuncAttributes attributes;
+    const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+    if (err != cudaSuccess) return Result(err, "cudaFuncGetAttributes");
+  }
+  return LaunchResult{};
+}
+
 }  // namespace graphalloc::rng_cuda

@@ -57,6 +57,10 @@ absl::Status DropoutBackward(Driver& driver, Stream stream, DevicePtr grad_out, 
 absl::Status WritePhiloxSlots(Driver& driver, Stream stream, DevicePtr slots, std::uint64_t seed,
                               std::uint64_t offset);
 
+// Makes sure the device kernels are loaded before a stream capture begins (CUDA loads modules lazily,
+// and a first launch inside a capture must not have to). A no-op on "sim". Generator::BeginCapture calls it.
+absl::Status PrepareKernelsForCapture(Driver& driver);
+
 // ---- Host twins (what the simulated device runs), over host memory. Tests use them for expectations. ----
 void FillOnHost(void* out, std::size_t n, rng_body::ElementType type, rng_body::Distribution dist,
                 const PhiloxArgs& args);
