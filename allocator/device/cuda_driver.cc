@@ -87,6 +87,9 @@ struct CudaDriver::State {
   absl::Mutex mu;
   absl::flat_hash_map<int, CUcontext> peers ABSL_GUARDED_BY(mu);  // retained peer primary contexts
   absl::flat_hash_map<cuuint64_t, std::shared_ptr<ClosureList>> captures ABSL_GUARDED_BY(mu);
+  // The capture id each capturing stream began with: once a capture is invalidated the driver no longer
+  // reports its id, but its closures must still be found and freed at EndCapture.
+  absl::flat_hash_map<CUstream, cuuint64_t> capture_of_stream ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<CUgraph, std::shared_ptr<ClosureList>> graphs ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<CUgraphExec, std::vector<std::shared_ptr<ClosureList>>> execs ABSL_GUARDED_BY(mu);
 
@@ -403,6 +406,9 @@ absl::Status CudaDriver::LaunchHostFunction(Stream stream, HostFunction fn) {
   // Captured (or refused by an invalidated capture): the capture's list owns it until EndCapture.
   {
     absl::MutexLock lock(&state_->mu);
+    if (auto it = state_->capture_of_stream.find(ToCu(stream)); it != state_->capture_of_stream.end()) {
+      capture_id = it->second;
+    }
     std::shared_ptr<ClosureList>& list = state_->captures[capture_id];
     if (list == nullptr) list = std::make_shared<ClosureList>();
     list->push_back(std::move(closure));
@@ -479,6 +485,12 @@ absl::Status CudaDriver::BeginCapture(Stream stream, CaptureMode mode) {
   }
   GRAPHALLOC_CUDA_CONTEXT();
   GRAPHALLOC_CUDA_RETURN_IF_ERROR(StreamBeginCapture, ToCu(stream), cu_mode);
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t capture_id = 0;
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(StreamGetCaptureInfo, ToCu(stream), &capture, &capture_id, nullptr, nullptr,
+                                  nullptr, nullptr);
+  absl::MutexLock lock(&state_->mu);
+  state_->capture_of_stream[ToCu(stream)] = capture_id;
   return absl::OkStatus();
 }
 
@@ -492,6 +504,11 @@ absl::StatusOr<Graph> CudaDriver::EndCapture(Stream stream) {
   const CUresult result = state_->api->StreamEndCapture(ToCu(stream), &graph);
   std::shared_ptr<ClosureList> closures;  // declared before the lock: freed after it, if no graph takes it
   absl::MutexLock lock(&state_->mu);
+  if (auto it = state_->capture_of_stream.find(ToCu(stream)); it != state_->capture_of_stream.end()) {
+    capture_id = it->second;
+    capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    state_->capture_of_stream.erase(it);
+  }
   if (capture != CU_STREAM_CAPTURE_STATUS_NONE) {
     if (auto it = state_->captures.find(capture_id); it != state_->captures.end()) {
       closures = std::move(it->second);
