@@ -1,0 +1,80 @@
+// Allocation traces in PyTorch's CSV format: reading them (plain or gzip'd) into a compact in-memory Trace,
+// and writing one back out.
+//
+// The format (traces/README.md): header `action,addr,size,stream,time_us`, then one allocator event a row,
+// in order. `alloc` hands out `size` bytes at `addr`; `free_requested` / `free_completed` release it (a
+// replay frees at `free_completed`); the segment_* rows are the recording allocator's own device calls.
+// Gzip is detected by its magic bytes, not by the file name. Bad input is an error naming the file and the
+// line ("trace.csv:17: unknown action 'alloc2'; ..."), never a crash.
+#ifndef GRAPHALLOC_ALLOCATOR_TRACE_TRACE_READER_H_
+#define GRAPHALLOC_ALLOCATOR_TRACE_TRACE_READER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace graphalloc {
+
+enum class TraceAction : std::uint8_t {
+  kAlloc,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree,
+  kSegmentMap,
+  kSegmentUnmap,
+};
+
+// The action's name in the CSV ("alloc", "free_completed", ...).
+absl::string_view TraceActionName(TraceAction action);
+// The action named `name`, or nullopt for an unknown name.
+std::optional<TraceAction> ParseTraceAction(absl::string_view name);
+
+// One row. `line` is the row's 1-based line number in the file it was read from (0 when built in code);
+// error messages name it.
+struct TraceEvent {
+  std::uint64_t addr = 0;
+  std::uint64_t size = 0;
+  std::uint64_t stream = 0;  // 0: the default stream
+  std::int64_t time_us = 0;
+  std::uint32_t line = 0;
+  TraceAction action = TraceAction::kAlloc;
+
+  friend bool operator==(const TraceEvent&, const TraceEvent&) = default;
+};
+
+struct Trace {
+  std::string name;  // the file's base name, or what the caller chose
+  std::vector<TraceEvent> events;
+
+  // "name:line" for event `index` (just "name, event N" when the event has no line number).
+  std::string Where(std::size_t index) const;
+};
+
+inline constexpr absl::string_view kTraceHeader = "action,addr,size,stream,time_us";
+
+// Parses CSV text (already decompressed). `source` names the input in error messages. InvalidArgument for
+// a missing or wrong header, a row without exactly five fields, an unknown action or a non-numeric field.
+absl::StatusOr<Trace> ParseTrace(absl::string_view csv, absl::string_view source);
+
+// Decompresses gzip data (one or more members). DataLoss for truncated or corrupt data.
+absl::StatusOr<std::string> GunzipBytes(absl::string_view gz, absl::string_view source);
+
+// Reads a trace file, plain or gzip'd. NotFound when it cannot be opened; DataLoss for a truncated or
+// corrupt gzip stream; InvalidArgument for bad CSV. Errors start with `path`.
+absl::StatusOr<Trace> ReadTrace(const std::string& path);
+
+// The trace as CSV text, header included; ParseTrace() reads it back to an equal trace (line numbers aside).
+std::string FormatTraceCsv(const Trace& trace);
+
+// Writes the trace to `path` as CSV, gzip'd when `gzip` is true.
+absl::Status WriteTrace(const Trace& trace, const std::string& path, bool gzip);
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_TRACE_TRACE_READER_H_
