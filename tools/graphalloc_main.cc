@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "tools/device_command.h"
+#include "tools/replay_command.h"
 
 namespace {
 
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
       "graphalloc: a caching CUDA memory allocator with private pools; inspection and self-check tool"};
   app.require_subcommand(1);
   graphalloc::tools::AddDeviceCommand(app);
+  graphalloc::tools::AddReplayCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {  // a subcommand's own failure: it has printed why
