@@ -1,0 +1,184 @@
+// Allocation history: a bounded ring of allocator events (alloc, free, segment map/unmap, oom, ...) that
+// the caching allocator records on its hot path and a snapshot reads out (MemorySnapshot::history).
+//
+// Recording is lock-free and allocation-free: one atomic fetch_add takes a ticket, the ticket picks a slot
+// of a preallocated array of plain records, and a per-slot sequence number (a seqlock) lets a reader
+// detect a slot being overwritten while it reads it. No strings are formatted and no clock call is made at
+// record time: the time is the CPU's timestamp counter, converted to microseconds when the history is read.
+// Optionally each record keeps up to kMaxHistoryFrames return addresses (backtrace()), symbolized only when
+// the history is read (dladdr + demangling, each distinct address once). A user annotation is an interned
+// id (InternAnnotation / ScopedHistoryAnnotation), never a string copy.
+//
+// Thread-safe: any number of threads may Record() at once, also while another reads or reconfigures. The
+// ring keeps the newest `max_entries` events; older ones are dropped and reported as overflow.
+#ifndef GRAPHALLOC_ALLOCATOR_HISTORY_HISTORY_RING_H_
+#define GRAPHALLOC_ALLOCATOR_HISTORY_HISTORY_RING_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "allocator/mutex.h"
+#include "allocator/snapshot/memory_snapshot.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
+
+namespace graphalloc {
+
+inline constexpr int kMaxHistoryFrames = 16;
+
+struct HistoryOptions {
+  bool enabled = false;
+  std::size_t max_entries = 100000;  // events kept (the newest); must be >= 1 when enabled
+  bool stacks = false;               // capture the C++ call stack of each event
+  friend bool operator==(const HistoryOptions&, const HistoryOptions&) = default;
+};
+
+// ---- Annotations: a user string attached to the events a thread records (PyTorch's
+// _set_memory_metadata). Process-wide; ids are stable for the life of the process.
+
+// The id of `text` (0 for the empty string, which means "no annotation"), interning it on first use.
+std::uint32_t InternAnnotation(absl::string_view text);
+// The text of an id from InternAnnotation(); empty for 0 or an unknown id.
+std::string AnnotationText(std::uint32_t id);
+
+namespace history_internal {
+extern constinit thread_local std::uint32_t current_annotation;
+}  // namespace history_internal
+
+// The annotation id the calling thread's events are recorded with (0: none).
+inline std::uint32_t CurrentAnnotation() { return history_internal::current_annotation; }
+
+// Sets the calling thread's annotation for its lifetime, restoring the previous one after.
+class ScopedHistoryAnnotation {
+ public:
+  explicit ScopedHistoryAnnotation(absl::string_view text) : previous_(history_internal::current_annotation) {
+    history_internal::current_annotation = InternAnnotation(text);
+  }
+  ~ScopedHistoryAnnotation() { history_internal::current_annotation = previous_; }
+  ScopedHistoryAnnotation(const ScopedHistoryAnnotation&) = delete;
+  ScopedHistoryAnnotation& operator=(const ScopedHistoryAnnotation&) = delete;
+
+ private:
+  std::uint32_t previous_;
+};
+
+// What HistoryRing::Read() returns.
+struct HistoryContents {
+  std::vector<HistoryEvent> events;  // oldest first
+  bool overflowed = false;           // events were dropped because the ring was full
+  std::size_t max_entries = 0;       // the ring's capacity (0 when history was never enabled)
+  std::uint64_t recorded = 0;        // events recorded into this ring since it was (re)made
+  std::uint64_t skipped = 0;         // slots being written, or overwritten, while they were read
+};
+
+class HistoryRing {
+ public:
+  HistoryRing() = default;  // disabled until RecordHistory()
+  ~HistoryRing();
+  HistoryRing(const HistoryRing&) = delete;
+  HistoryRing& operator=(const HistoryRing&) = delete;
+
+  // Turns recording on or off. Disabling keeps what was recorded (a later Read() still returns it) and
+  // re-enabling with the same max_entries and stacks continues it; a different max_entries or stacks
+  // starts an empty history. InvalidArgument for max_entries 0 while enabled. Each buffer replaced by a
+  // resize stays allocated until the ring is destroyed (a recorder may still be writing into it), so
+  // resizing is meant to be rare.
+  absl::Status RecordHistory(const HistoryOptions& options);
+  HistoryOptions options() const;
+  bool enabled() const { return active_.load(std::memory_order_relaxed) != nullptr; }
+
+  // Records one event when enabled; a no-op (one atomic load) when not. Safe from any thread, with any
+  // lock held: it never blocks, allocates or calls into the driver. For kOom pass the device's free
+  // bytes as `address` and the failed request as `size`; for kSnapshot address 0.
+  void Record(HistoryAction action, std::uint64_t address, std::uint64_t size, std::uint64_t stream,
+              std::uint64_t pool_id, std::uint32_t annotation = CurrentAnnotation()) {
+    Buffer* buffer = active_.load(std::memory_order_acquire);
+    if (buffer == nullptr) return;
+    const std::uint64_t ticket = buffer->next.fetch_add(1, std::memory_order_relaxed);
+    const std::size_t index = static_cast<std::size_t>(ticket % buffer->capacity);
+    Slot& slot = buffer->slots[index];
+    slot.seq.store(2 * ticket + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    slot.address.store(address, std::memory_order_relaxed);
+    slot.size.store(size, std::memory_order_relaxed);
+    slot.stream.store(stream, std::memory_order_relaxed);
+    slot.pool_id.store(pool_id, std::memory_order_relaxed);
+    slot.ticks.store(Now(), std::memory_order_relaxed);
+    slot.annotation.store(annotation, std::memory_order_relaxed);
+    slot.action.store(static_cast<std::uint8_t>(action), std::memory_order_relaxed);
+    if (buffer->stacks) {
+      CaptureStack(*buffer, index);
+    } else {
+      slot.depth.store(0, std::memory_order_relaxed);
+    }
+    slot.seq.store(2 * ticket + 2, std::memory_order_release);
+  }
+
+  // The recorded events, oldest first, with times in microseconds since the Unix epoch, annotations as
+  // text and stacks symbolized. Safe while others record (slots overwritten meanwhile are skipped).
+  HistoryContents Read() const;
+
+  // Read() into snapshot->history, history_overflowed and history_max_entries.
+  void ExportTo(MemorySnapshot* snapshot) const;
+
+  // Drops every recorded event (the options and the buffer stay).
+  void Clear();
+
+ private:
+  // One event. Every field is atomic so that a concurrent reader is well defined (relaxed accesses
+  // compile to plain moves); `seq` is 0 for a never-written slot, 2t+1 while ticket t writes it and 2t+2
+  // once ticket t's event is complete.
+  struct Slot {
+    std::atomic<std::uint64_t> seq{0};
+    std::atomic<std::uint64_t> address{0};
+    std::atomic<std::uint64_t> size{0};
+    std::atomic<std::uint64_t> stream{0};
+    std::atomic<std::uint64_t> pool_id{0};
+    std::atomic<std::uint64_t> ticks{0};
+    std::atomic<std::uint32_t> annotation{0};
+    std::atomic<std::uint8_t> action{0};
+    std::atomic<std::uint8_t> depth{0};
+  };
+  struct Buffer {
+    Buffer(std::size_t capacity, bool stacks);
+    const std::size_t capacity;
+    const bool stacks;
+    std::unique_ptr<Slot[]> slots;
+    std::unique_ptr<std::atomic<std::uintptr_t>[]> frames;  // capacity * kMaxHistoryFrames, when stacks
+    std::uint64_t origin_ticks;                             // Now() when made
+    std::int64_t origin_steady_ns;                          // steady clock at the same moment
+    std::int64_t origin_unix_ns;                            // wall clock at the same moment
+    std::atomic<std::uint64_t> floor{0};                    // tickets below it were cleared
+    alignas(64) std::atomic<std::uint64_t> next{0};         // the next ticket
+  };
+
+  static std::uint64_t Now() {
+#if defined(__x86_64__) || defined(__i386__)
+    return __rdtsc();
+#else
+    return SteadyNanos();
+#endif
+  }
+  static std::uint64_t SteadyNanos();
+  // Stores the caller's return addresses into the slot's frames (out of line: backtrace() is slow).
+  __attribute__((noinline)) static void CaptureStack(Buffer& buffer, std::size_t index);
+
+  mutable Mutex mu_;                                // serializes configuration changes and reads
+  std::atomic<Buffer*> active_{nullptr};            // the buffer being recorded into; null when disabled
+  Buffer* current_ ABSL_GUARDED_BY(mu_) = nullptr;  // the newest buffer, also when disabled
+  HistoryOptions options_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Buffer>> buffers_ ABSL_GUARDED_BY(mu_);  // current_ and the retired ones
+};
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_HISTORY_HISTORY_RING_H_

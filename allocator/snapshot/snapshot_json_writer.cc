@@ -1,0 +1,354 @@
+// SnapshotToJson and the file helpers of snapshot_json.h: a streaming writer into one std::string.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/snapshot/snapshot_internal.h"
+#include "allocator/snapshot/snapshot_json.h"
+
+namespace graphalloc {
+namespace {
+
+using snapshot_internal::kStatArrays;
+using snapshot_internal::kStatCounters;
+using snapshot_internal::kStatFields;
+using snapshot_internal::kStatTypeNames;
+using snapshot_internal::Utf8SequenceLength;
+
+class JsonOut {
+ public:
+  explicit JsonOut(std::string* out) : out_(*out) {}
+
+  void Raw(absl::string_view text) { out_.append(text.data(), text.size()); }
+  void Char(char c) { out_.push_back(c); }
+  void U64(std::uint64_t v) {
+    char buf[absl::numbers_internal::kFastToBufferSize];
+    char* end = absl::numbers_internal::FastIntToBuffer(v, buf);
+    out_.append(buf, static_cast<std::size_t>(end - buf));
+  }
+  void I64(std::int64_t v) {
+    char buf[absl::numbers_internal::kFastToBufferSize];
+    char* end = absl::numbers_internal::FastIntToBuffer(v, buf);
+    out_.append(buf, static_cast<std::size_t>(end - buf));
+  }
+  void Bool(bool v) { Raw(v ? "true" : "false"); }
+  void String(absl::string_view s) {
+    Char('"');
+    std::size_t i = 0;
+    while (i < s.size()) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
+        std::size_t j = i + 1;
+        while (j < s.size()) {
+          const auto d = static_cast<unsigned char>(s[j]);
+          if (d < 0x20 || d >= 0x80 || d == '"' || d == '\\') break;
+          ++j;
+        }
+        out_.append(s.data() + i, j - i);
+        i = j;
+        continue;
+      }
+      if (c == '"' || c == '\\') {
+        Char('\\');
+        Char(static_cast<char>(c));
+      } else if (c == '\n') {
+        Raw("\\n");
+      } else if (c == '\t') {
+        Raw("\\t");
+      } else if (c < 0x20) {
+        static constexpr char kHex[] = "0123456789abcdef";
+        Raw("\\u00");
+        Char(kHex[c >> 4]);
+        Char(kHex[c & 15]);
+      } else if (std::size_t n = Utf8SequenceLength(s, i); n != 0) {
+        out_.append(s.data() + i, n);
+        i += n;
+        continue;
+      } else {
+        Raw("\\ufffd");
+      }
+      ++i;
+    }
+    Char('"');
+  }
+  // `"key":` with a leading comma unless `first`.
+  void Key(absl::string_view key, bool first = false) {
+    if (!first) Char(',');
+    Char('"');
+    Raw(key);
+    Raw("\":");
+  }
+
+ private:
+  std::string& out_;
+};
+
+// Stacks, de-duplicated: each distinct non-empty frame list gets an index into the "stacks" table.
+class StackTable {
+ public:
+  // The stack's index, or -1 for an empty one.
+  std::int64_t Intern(const std::vector<Frame>& frames) {
+    if (frames.empty()) return -1;
+    auto [it, inserted] = index_.try_emplace(&frames, static_cast<std::int64_t>(stacks_.size()));
+    if (inserted) stacks_.push_back(&frames);
+    return it->second;
+  }
+  const std::vector<const std::vector<Frame>*>& stacks() const { return stacks_; }
+
+ private:
+  struct Hash {
+    std::size_t operator()(const std::vector<Frame>* f) const {
+      std::size_t h = f->size();
+      for (const Frame& frame : *f) {
+        h = absl::HashOf(h, frame.function, frame.file, frame.line);
+      }
+      return h;
+    }
+  };
+  struct Eq {
+    bool operator()(const std::vector<Frame>* a, const std::vector<Frame>* b) const { return *a == *b; }
+  };
+  absl::flat_hash_map<const std::vector<Frame>*, std::int64_t, Hash, Eq> index_;
+  std::vector<const std::vector<Frame>*> stacks_;
+};
+
+void WriteStat(JsonOut& j, const Stat& stat) {
+  bool first = true;
+  j.Char('{');
+  for (const auto& [name, field] : kStatFields) {
+    j.Key(name, first);
+    j.I64(stat.*field);
+    first = false;
+  }
+  j.Char('}');
+}
+
+void WriteStats(JsonOut& j, const DeviceStats& stats) {
+  j.Char('{');
+  bool first = true;
+  for (const auto& [name, array] : kStatArrays) {
+    j.Key(name, first);
+    first = false;
+    j.Char('{');
+    for (int t = 0; t < kNumStatTypes; ++t) {
+      j.Key(kStatTypeNames[t], t == 0);
+      WriteStat(j, (stats.*array).by_type[t]);
+    }
+    j.Char('}');
+  }
+  for (const auto& [name, counter] : kStatCounters) {
+    j.Key(name);
+    j.I64(stats.*counter);
+  }
+  j.Char('}');
+}
+
+void WriteStackRef(JsonOut& j, StackTable& stacks, const std::vector<Frame>& frames) {
+  const std::int64_t id = stacks.Intern(frames);
+  if (id < 0) return;
+  j.Key("stack");
+  j.I64(id);
+}
+
+void WriteBlock(JsonOut& j, StackTable& stacks, const BlockSnapshot& b) {
+  j.Raw("{\"address\":");
+  j.U64(b.address);
+  j.Key("size");
+  j.U64(b.size);
+  j.Key("requested_size");
+  j.U64(b.requested_size);
+  j.Key("state");
+  j.String(BlockStateName(b.state));
+  j.Key("stream");
+  j.U64(b.stream);
+  WriteStackRef(j, stacks, b.frames);
+  if (!b.annotation.empty()) {
+    j.Key("annotation");
+    j.String(b.annotation);
+  }
+  j.Char('}');
+}
+
+void WriteSegment(JsonOut& j, StackTable& stacks, const SegmentSnapshot& s) {
+  j.Raw("{\"address\":");
+  j.U64(s.address);
+  j.Key("total_size");
+  j.U64(s.total_size);
+  j.Key("stream");
+  j.U64(s.stream);
+  j.Key("pool_id");
+  j.U64(s.pool_id);
+  j.Key("kind");
+  j.String(SegmentKindName(s.kind));
+  j.Key("expandable");
+  j.Bool(s.expandable);
+  if (s.expandable) {
+    j.Key("mapped");
+    j.Char('[');
+    for (std::size_t i = 0; i < s.mapped.size(); ++i) {
+      if (i != 0) j.Char(',');
+      j.Raw("{\"offset\":");
+      j.U64(s.mapped[i].offset);
+      j.Raw(",\"size\":");
+      j.U64(s.mapped[i].size);
+      j.Char('}');
+    }
+    j.Char(']');
+  }
+  WriteStackRef(j, stacks, s.frames);
+  j.Key("blocks");
+  j.Char('[');
+  for (std::size_t i = 0; i < s.blocks.size(); ++i) {
+    j.Raw(i == 0 ? "\n    " : ",\n    ");
+    WriteBlock(j, stacks, s.blocks[i]);
+  }
+  j.Raw("]}");
+}
+
+void WriteEvent(JsonOut& j, StackTable& stacks, const HistoryEvent& e) {
+  j.Raw("{\"action\":");
+  j.String(HistoryActionName(e.action));
+  j.Key("address");
+  j.U64(e.address);
+  j.Key("size");
+  j.U64(e.size);
+  j.Key("stream");
+  j.U64(e.stream);
+  j.Key("pool_id");
+  j.U64(e.pool_id);
+  j.Key("time_us");
+  j.I64(e.time_us);
+  WriteStackRef(j, stacks, e.frames);
+  if (!e.annotation.empty()) {
+    j.Key("annotation");
+    j.String(e.annotation);
+  }
+  j.Char('}');
+}
+
+}  // namespace
+
+std::string SnapshotToJson(const MemorySnapshot& snapshot) {
+  // Segments and history are written into their own buffers first, so the stack table they fill can be
+  // written before them (a reader then resolves stack indexes as it goes).
+  StackTable stacks;
+  std::string body;
+  std::size_t blocks = 0;
+  for (const SegmentSnapshot& s : snapshot.segments) blocks += s.blocks.size();
+  body.reserve(snapshot.segments.size() * 160 + blocks * 110 + snapshot.history.size() * 120 + 256);
+  JsonOut b(&body);
+  b.Raw(",\n\"segments\":[");
+  for (std::size_t i = 0; i < snapshot.segments.size(); ++i) {
+    b.Raw(i == 0 ? "\n  " : ",\n  ");
+    WriteSegment(b, stacks, snapshot.segments[i]);
+  }
+  b.Raw("],\n\"history\":{\"max_entries\":");
+  b.U64(snapshot.history_max_entries);
+  b.Raw(",\"overflowed\":");
+  b.Bool(snapshot.history_overflowed);
+  b.Raw(",\"events\":[");
+  for (std::size_t i = 0; i < snapshot.history.size(); ++i) {
+    b.Raw(i == 0 ? "\n  " : ",\n  ");
+    WriteEvent(b, stacks, snapshot.history[i]);
+  }
+  b.Raw("]}\n}\n");
+
+  std::string out;
+  out.reserve(body.size() + 4096);
+  JsonOut j(&out);
+  j.Raw("{\"format\":");
+  j.String(kSnapshotFormatName);
+  j.Raw(",\"version\":");
+  j.I64(snapshot.format_version);
+  j.Raw(",\n\"label\":");
+  j.String(snapshot.label);
+  j.Key("source");
+  j.String(snapshot.source);
+  j.Key("time_us");
+  j.I64(snapshot.time_us);
+  j.Raw(",\n\"device\":{\"ordinal\":");
+  j.I64(snapshot.device.ordinal);
+  j.Key("name");
+  j.String(snapshot.device.name);
+  j.Key("total_memory");
+  j.U64(snapshot.device.total_memory);
+  j.Key("granularity");
+  j.U64(snapshot.device.granularity);
+  j.Raw("},\n\"config\":");
+  j.String(snapshot.config);
+  j.Raw(",\n\"stats\":");
+  WriteStats(j, snapshot.stats);
+  j.Raw(",\n\"pools\":[");
+  for (std::size_t i = 0; i < snapshot.pools.size(); ++i) {
+    const PoolSnapshot& p = snapshot.pools[i];
+    j.Raw(i == 0 ? "\n  {\"id\":" : ",\n  {\"id\":");
+    j.U64(p.id);
+    j.Key("use_count");
+    j.I64(p.use_count);
+    j.Key("reserved_bytes");
+    j.U64(p.reserved_bytes);
+    j.Key("allocated_bytes");
+    j.U64(p.allocated_bytes);
+    j.Key("peak_reserved_bytes");
+    j.U64(p.peak_reserved_bytes);
+    j.Key("peak_allocated_bytes");
+    j.U64(p.peak_allocated_bytes);
+    j.Char('}');
+  }
+  j.Raw("],\n\"stacks\":[");
+  for (std::size_t i = 0; i < stacks.stacks().size(); ++i) {
+    j.Raw(i == 0 ? "\n  [" : ",\n  [");
+    const std::vector<Frame>& frames = *stacks.stacks()[i];
+    for (std::size_t f = 0; f < frames.size(); ++f) {
+      j.Raw(f == 0 ? "{\"function\":" : ",{\"function\":");
+      j.String(frames[f].function);
+      j.Key("file");
+      j.String(frames[f].file);
+      j.Key("line");
+      j.I64(frames[f].line);
+      j.Char('}');
+    }
+    j.Char(']');
+  }
+  j.Char(']');
+  out += body;
+  return out;
+}
+
+absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
+  }
+  std::string bytes;
+  char buf[1 << 16];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) bytes.append(buf, n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  return bytes;
+}
+
+absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) {
+    return absl::InternalError(absl::StrCat(path, ": cannot open for writing: ", std::strerror(errno)));
+  }
+  const bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!wrote || !closed) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::Status WriteSnapshotFile(const MemorySnapshot& snapshot, const std::string& path) {
+  return WriteFileBytes(path, SnapshotToJson(snapshot));
+}
+
+}  // namespace graphalloc

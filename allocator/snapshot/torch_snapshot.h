@@ -1,0 +1,33 @@
+// PyTorch interop: a MemorySnapshot as the pickle torch.cuda.memory._dump_snapshot() writes (what
+// pytorch.org/memory_viz and `python -m torch.cuda._memory_viz` read), and back.
+//
+// Export (reference/perf_and_ecosystem.md 6.2): {"segments": [...], "device_traces": [[...]],
+// "allocator_settings": {...}, "external_annotations": []}. Block states become "active_allocated",
+// "active_pending_free" and "inactive"; pool ids become PyTorch's (int, int) pair as (id >> 32, id &
+// 0xffffffff), so (0, 0) is the default pool; history events become the one device's trace, annotations its
+// "user_metadata". An expandable segment becomes one PyTorch segment per mapped range, as PyTorch reports
+// them. Import accepts both "active_pending_free" and the older "active_awaiting_free", recomputes the
+// statistics (current values) and the pools from the blocks, and keeps one device.
+#ifndef GRAPHALLOC_ALLOCATOR_SNAPSHOT_TORCH_SNAPSHOT_H_
+#define GRAPHALLOC_ALLOCATOR_SNAPSHOT_TORCH_SNAPSHOT_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "allocator/snapshot/memory_snapshot.h"
+
+namespace graphalloc {
+
+// The snapshot as a PyTorch memory snapshot pickle (protocol 2).
+std::string SnapshotToTorchPickle(const MemorySnapshot& snapshot);
+
+// Reads a PyTorch memory snapshot pickle. `device`: which device's segments and trace to keep; -1 picks the
+// lowest device that has segments or trace entries. InvalidArgument (with the byte offset for a bad
+// pickle, or the path, "segments[3].blocks[7].state", for an unexpected value) for bad input.
+absl::StatusOr<MemorySnapshot> SnapshotFromTorchPickle(absl::string_view bytes, absl::string_view source,
+                                                       int device = -1);
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_SNAPSHOT_TORCH_SNAPSHOT_H_
