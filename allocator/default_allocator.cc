@@ -6,16 +6,16 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "allocator/device/cuda_driver.h"
 #include "allocator/device/sim_driver.h"
+#include "allocator/mutex.h"
 
 namespace graphalloc {
 namespace {
 
 // Allocators live until the process exits: PyTorch may free tensors from static destructors.
 std::array<std::atomic<CachingAllocator*>, kMaxDevices> allocators{};
-absl::Mutex creation_mutex(absl::kConstInit);
+Mutex creation_mutex;
 
 absl::StatusOr<std::shared_ptr<Driver>> MakeDriver(int device) {
   const char* env = std::getenv("GRAPHALLOC_DEVICE");
@@ -49,7 +49,7 @@ absl::StatusOr<CachingAllocator*> DefaultAllocator(int device) {
         "device ", device, " is out of range: graphalloc supports devices 0 to ", kMaxDevices - 1));
   }
   if (CachingAllocator* existing = ExistingDefaultAllocator(device)) return existing;
-  absl::MutexLock lock(&creation_mutex);
+  MutexLock lock(&creation_mutex);
   if (CachingAllocator* existing = ExistingDefaultAllocator(device)) return existing;
   absl::StatusOr<Config> config = Config::FromEnvironment();
   if (!config.ok()) return config.status();

@@ -15,7 +15,7 @@ std::atomic<std::uint64_t> next_generator_id{1};
 
 // Slots whose MemFree failed (e.g. during a stream capture), retried later.
 struct DeferredFrees {
-  absl::Mutex mu;
+  Mutex mu;
   std::vector<std::pair<std::shared_ptr<Driver>, DevicePtr>> pending ABSL_GUARDED_BY(mu);
 };
 
@@ -31,14 +31,14 @@ std::uint64_t RoundUp4(std::uint64_t x) { return (x + 3) / 4 * 4; }
 std::size_t RetryDeferredSlotFrees() {
   std::vector<std::pair<std::shared_ptr<Driver>, DevicePtr>> todo;
   {
-    absl::MutexLock lock(&Deferred().mu);
+    MutexLock lock(&Deferred().mu);
     todo.swap(Deferred().pending);
   }
   std::vector<std::pair<std::shared_ptr<Driver>, DevicePtr>> still;
   for (auto& [driver, ptr] : todo) {
     if (!driver->MemFree(ptr).ok()) still.emplace_back(std::move(driver), ptr);
   }
-  absl::MutexLock lock(&Deferred().mu);
+  MutexLock lock(&Deferred().mu);
   for (auto& entry : still) Deferred().pending.push_back(std::move(entry));
   return Deferred().pending.size();
 }
@@ -63,7 +63,7 @@ RngSlots::~RngSlots() {
         "graphalloc rng: warning: freeing RNG replay slots at 0x%llx failed (%s); the free is deferred "
         "and retried at the next slot allocation or RetryDeferredSlotFrees()\n",
         static_cast<unsigned long long>(base_), std::string(s.message()).c_str());
-    absl::MutexLock lock(&Deferred().mu);
+    MutexLock lock(&Deferred().mu);
     Deferred().pending.emplace_back(driver_, base_);
   }
 }
@@ -72,22 +72,22 @@ Generator::Generator(std::shared_ptr<Driver> driver, std::uint64_t seed)
     : driver_(std::move(driver)), id_(next_generator_id.fetch_add(1)), seed_(seed) {}
 
 std::uint64_t Generator::seed() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return seed_;
 }
 
 std::uint64_t Generator::host_offset() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return offset_;
 }
 
 bool Generator::capturing() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return capture_.has_value();
 }
 
 absl::Status Generator::ManualSeed(std::uint64_t seed) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (capture_.has_value()) {
     if (seed == seed_) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -101,13 +101,13 @@ absl::Status Generator::ManualSeed(std::uint64_t seed) {
 }
 
 GeneratorState Generator::SaveState() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (capture_.has_value()) return GeneratorState{seed_, capture_->intragraph_offset, capture_->capture_id};
   return GeneratorState{seed_, offset_, 0};
 }
 
 absl::Status Generator::RestoreState(const GeneratorState& state) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (state.offset % 4 != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("Generator::RestoreState: offset %d is not a multiple of 4 (offsets advance in "
@@ -148,7 +148,7 @@ absl::StatusOr<PhiloxArgs> Generator::Reserve(std::uint64_t increment) {
   if (rounded < increment) {
     return absl::OutOfRangeError(absl::StrFormat("Generator::Reserve(%d): increment overflows", increment));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::uint64_t& offset = capture_.has_value() ? capture_->intragraph_offset : offset_;
   if (offset + rounded < offset) {
     return absl::OutOfRangeError(absl::StrFormat(
@@ -168,7 +168,7 @@ absl::Status Generator::BeginCapture(std::uint64_t capture_id) {
     return absl::InvalidArgumentError("Generator::BeginCapture: capture id 0 is reserved for eager states");
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (capture_.has_value()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "Generator::BeginCapture(%d): the generator is already in capture %d; end or cancel it first, or "
@@ -181,7 +181,7 @@ absl::Status Generator::BeginCapture(std::uint64_t capture_id) {
   if (absl::Status s = PrepareKernelsForCapture(*driver_); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<RngSlots>> slots = RngSlots::Allocate(driver_);
   if (!slots.ok()) return slots.status();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (capture_.has_value()) {
     return absl::FailedPreconditionError(
         absl::StrFormat("Generator::BeginCapture(%d): another thread began capture %d meanwhile", capture_id,
@@ -194,7 +194,7 @@ absl::Status Generator::BeginCapture(std::uint64_t capture_id) {
 absl::StatusOr<CapturedRng> Generator::EndCapture() {
   std::optional<ActiveCapture> ended;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!capture_.has_value()) {
       return absl::FailedPreconditionError(
           "Generator::EndCapture: no capture is active; call BeginCapture first");
@@ -212,7 +212,7 @@ absl::StatusOr<CapturedRng> Generator::EndCapture() {
 
 absl::Status Generator::CancelCapture() {
   std::optional<ActiveCapture> cancelled;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!capture_.has_value()) {
     return absl::FailedPreconditionError("Generator::CancelCapture: no capture is active");
   }
@@ -246,7 +246,7 @@ absl::Status Generator::PrepareReplay(const CapturedRng& captured, Stream stream
   }
   std::uint64_t seed, base;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (offset_ + captured.increment < offset_) {
       return absl::OutOfRangeError(absl::StrFormat(
           "Generator::PrepareReplay: the Philox offset %d + increment %d would overflow 2^64; reseed",

@@ -41,8 +41,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "allocator/device/driver.h"
+#include "allocator/mutex.h"
 #include "rng/philox_args.h"
 
 namespace graphalloc {
@@ -135,7 +135,7 @@ class Generator {
 
   const std::shared_ptr<Driver> driver_;
   const std::uint64_t id_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::uint64_t seed_ ABSL_GUARDED_BY(mu_);
   std::uint64_t offset_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<ActiveCapture> capture_ ABSL_GUARDED_BY(mu_);

@@ -35,7 +35,7 @@ std::vector<GeneratorState> RngStatePairs::Snapshot(
 }
 
 absl::StatusOr<std::uint64_t> RngStatePairs::BeginForward() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (absl::Status s = CheckNotCapturing("BeginForward"); !s.ok()) return s;
   const std::uint64_t it = next_iteration_++;
   // The backward generators will not be at this forward's start when its backward comes: snapshot it.
@@ -45,7 +45,7 @@ absl::StatusOr<std::uint64_t> RngStatePairs::BeginForward() {
 }
 
 absl::Status RngStatePairs::BeginBackward(std::uint64_t iteration, bool retain_graph) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (absl::Status s = CheckNotCapturing("BeginBackward"); !s.ok()) return s;
   if (!pending_.contains(iteration)) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -80,22 +80,22 @@ absl::Status RngStatePairs::BeginBackward(std::uint64_t iteration, bool retain_g
 }
 
 std::size_t RngStatePairs::snapshot_count() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return saved_.size();
 }
 
 bool RngStatePairs::has_snapshot(std::uint64_t iteration) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return saved_.contains(iteration);
 }
 
 bool RngStatePairs::is_pending(std::uint64_t iteration) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return pending_.contains(iteration);
 }
 
 std::uint64_t RngStatePairs::backward_position() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return backward_position_;
 }
 

@@ -30,8 +30,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "allocator/device/driver.h"
+#include "allocator/mutex.h"
 #include "rng/generator.h"
 
 namespace graphalloc {
@@ -64,7 +64,7 @@ class RngStatePairs {
 
   std::vector<std::unique_ptr<Generator>> forward_;
   std::vector<std::unique_ptr<Generator>> backward_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::uint64_t next_iteration_ ABSL_GUARDED_BY(mu_) = 0;
   // The forward iteration whose starting state the backward generators currently hold.
   std::uint64_t backward_position_ ABSL_GUARDED_BY(mu_) = 0;

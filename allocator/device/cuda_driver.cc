@@ -22,9 +22,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "allocator/device/cuda/cuda_symbols.h"
 #include "allocator/device/driver_error.h"
+#include "allocator/mutex.h"
 
 namespace graphalloc {
 namespace {
@@ -84,7 +84,7 @@ struct CudaDriver::State {
   DeviceInfo info;
   CUmemAllocationProp prop{};  // what MemCreate asks for; set up once by Create
 
-  absl::Mutex mu;
+  Mutex mu;
   absl::flat_hash_map<int, CUcontext> peers ABSL_GUARDED_BY(mu);  // retained peer primary contexts
   absl::flat_hash_map<cuuint64_t, std::shared_ptr<ClosureList>> captures ABSL_GUARDED_BY(mu);
   // The capture id each capturing stream began with: once a capture is invalidated the driver no longer
@@ -201,7 +201,7 @@ CudaDriver::~CudaDriver() {
   absl::flat_hash_map<CUgraph, std::shared_ptr<ClosureList>> graphs;
   absl::flat_hash_map<CUgraphExec, std::vector<std::shared_ptr<ClosureList>>> execs;
   {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     peers.swap(state_->peers);
     captures.swap(state_->captures);
     graphs.swap(state_->graphs);
@@ -227,7 +227,7 @@ absl::Status CudaDriver::EnablePeerAccess(int peer_ordinal) {
         absl::StrCat("EnablePeerAccess: device ", peer_ordinal, " is this device"));
   }
   {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (state_->peers.contains(peer_ordinal)) return absl::OkStatus();
   }
   const CudaApi& api = *state_->api;
@@ -255,7 +255,7 @@ absl::Status CudaDriver::EnablePeerAccess(int peer_ordinal) {
     api.DevicePrimaryCtxRelease(peer);
     return state_->Check("cuCtxEnablePeerAccess", result);
   }
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   if (!state_->peers.emplace(peer_ordinal, peer_context).second) api.DevicePrimaryCtxRelease(peer);  // raced
   return absl::OkStatus();
 }
@@ -405,7 +405,7 @@ absl::Status CudaDriver::LaunchHostFunction(Stream stream, HostFunction fn) {
   }
   // Captured (or refused by an invalidated capture): the capture's list owns it until EndCapture.
   {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (auto it = state_->capture_of_stream.find(ToCu(stream)); it != state_->capture_of_stream.end()) {
       capture_id = it->second;
     }
@@ -417,7 +417,7 @@ absl::Status CudaDriver::LaunchHostFunction(Stream stream, HostFunction fn) {
   if (result != CUDA_SUCCESS) {
     // No node refers to it: take it back out (and free it outside the lock).
     std::unique_ptr<HostFunction> unused;
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (auto it = state_->captures.find(capture_id); it != state_->captures.end()) {
       ClosureList& list = *it->second;
       auto pos = std::find_if(list.begin(), list.end(), [raw](const auto& f) { return f.get() == raw; });
@@ -489,7 +489,7 @@ absl::Status CudaDriver::BeginCapture(Stream stream, CaptureMode mode) {
   cuuint64_t capture_id = 0;
   GRAPHALLOC_CUDA_RETURN_IF_ERROR(StreamGetCaptureInfo, ToCu(stream), &capture, &capture_id, nullptr, nullptr,
                                   nullptr, nullptr);
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   state_->capture_of_stream[ToCu(stream)] = capture_id;
   return absl::OkStatus();
 }
@@ -503,7 +503,7 @@ absl::StatusOr<Graph> CudaDriver::EndCapture(Stream stream) {
   CUgraph graph = nullptr;
   const CUresult result = state_->api->StreamEndCapture(ToCu(stream), &graph);
   std::shared_ptr<ClosureList> closures;  // declared before the lock: freed after it, if no graph takes it
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   if (auto it = state_->capture_of_stream.find(ToCu(stream)); it != state_->capture_of_stream.end()) {
     capture_id = it->second;
     capture = CU_STREAM_CAPTURE_STATUS_ACTIVE;
@@ -549,7 +549,7 @@ absl::StatusOr<GraphExec> CudaDriver::GraphInstantiate(Graph graph) {
   GRAPHALLOC_CUDA_CONTEXT();
   CUgraphExec exec = nullptr;
   GRAPHALLOC_CUDA_RETURN_IF_ERROR(GraphInstantiateWithFlags, &exec, ToCu(graph), /*flags=*/0);
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   if (auto it = state_->graphs.find(ToCu(graph)); it != state_->graphs.end()) {
     state_->execs[exec].push_back(it->second);
   }
@@ -562,7 +562,7 @@ absl::StatusOr<GraphUpdateResult> CudaDriver::GraphExecUpdate(GraphExec exec, Gr
   const CUresult result = state_->api->GraphExecUpdate(ToCu(exec), ToCu(graph), &info);
   if (result == CUDA_SUCCESS) {
     // The exec's host nodes now point at the new graph's closures: it must keep them alive too.
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (auto it = state_->graphs.find(ToCu(graph)); it != state_->graphs.end()) {
       std::vector<std::shared_ptr<ClosureList>>& held = state_->execs[ToCu(exec)];
       if (std::find(held.begin(), held.end(), it->second) == held.end()) held.push_back(it->second);
@@ -585,7 +585,7 @@ absl::Status CudaDriver::GraphExecDestroy(GraphExec exec) {
   GRAPHALLOC_CUDA_CONTEXT();
   GRAPHALLOC_CUDA_RETURN_IF_ERROR(GraphExecDestroy, ToCu(exec));
   std::vector<std::shared_ptr<ClosureList>> released;  // freed after the lock is dropped
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   if (auto it = state_->execs.find(ToCu(exec)); it != state_->execs.end()) {
     released = std::move(it->second);
     state_->execs.erase(it);
@@ -597,7 +597,7 @@ absl::Status CudaDriver::GraphDestroy(Graph graph) {
   GRAPHALLOC_CUDA_CONTEXT();
   GRAPHALLOC_CUDA_RETURN_IF_ERROR(GraphDestroy, ToCu(graph));
   std::shared_ptr<ClosureList> released;  // freed after the lock is dropped (unless an exec still holds it)
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   if (auto it = state_->graphs.find(ToCu(graph)); it != state_->graphs.end()) {
     released = std::move(it->second);
     state_->graphs.erase(it);

@@ -46,7 +46,7 @@ SimState::SimState(SimDriverOptions opts, int fd, std::uint64_t offset_limit)
 
 absl::Status SimState::Begin(SimCall call, absl::string_view name) {
   const int k = static_cast<int>(call);
-  absl::MutexLock lock(&fault_mu);
+  MutexLock lock(&fault_mu);
   const std::uint64_t n = ++call_counts[k];
   auto& planned = planned_faults[k];
   for (auto it = planned.begin(); it != planned.end(); ++it) {
@@ -101,7 +101,7 @@ SimDriver::~SimDriver() {
   absl::flat_hash_map<std::uint64_t, SimGraphState> graphs, execs;
   absl::flat_hash_map<std::uint64_t, std::shared_ptr<SimCapture>> captures;
   {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     for (auto& [id, s] : state_->streams) {
       s->capture.reset();
       streams.push_back(s);
@@ -123,13 +123,13 @@ SimDriver::~SimDriver() {
 void SimDriver::InjectFault(SimCall call, int nth, DriverResult result) {
   if (nth < 1 || call == SimCall::kCount) return;
   const int k = static_cast<int>(call);
-  absl::MutexLock lock(&state_->fault_mu);
+  MutexLock lock(&state_->fault_mu);
   state_->planned_faults[k].emplace_back(state_->call_counts[k] + static_cast<std::uint64_t>(nth), result);
 }
 
 void SimDriver::SetRandomFaults(double rate, std::uint64_t seed, std::span<const SimCall> calls,
                                 DriverResult result) {
-  absl::MutexLock lock(&state_->fault_mu);
+  MutexLock lock(&state_->fault_mu);
   state_->random_rate = rate;
   state_->random_seed = seed;
   state_->random_result = result;
@@ -140,25 +140,25 @@ void SimDriver::SetRandomFaults(double rate, std::uint64_t seed, std::span<const
 }
 
 void SimDriver::ClearFaults() {
-  absl::MutexLock lock(&state_->fault_mu);
+  MutexLock lock(&state_->fault_mu);
   for (auto& p : state_->planned_faults) p.clear();
   state_->random_rate = 0;
   state_->random_calls.fill(false);
 }
 
 std::uint64_t SimDriver::InjectedFaultCount() const {
-  absl::MutexLock lock(&state_->fault_mu);
+  MutexLock lock(&state_->fault_mu);
   return state_->injected;
 }
 
 std::uint64_t SimDriver::CallCount(SimCall call) const {
   if (call == SimCall::kCount) return 0;
-  absl::MutexLock lock(&state_->fault_mu);
+  MutexLock lock(&state_->fault_mu);
   return state_->call_counts[static_cast<int>(call)];
 }
 
 SimCounters SimDriver::Counters() const {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   SimCounters c;
   c.reservations = state_->reservations.size();
   for (const auto& [ptr, size] : state_->reservations) c.reserved_bytes += size;
@@ -177,7 +177,7 @@ SimCounters SimDriver::Counters() const {
 }
 
 std::size_t SimDriver::UsedBytes() const {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->used_bytes;
 }
 
@@ -191,7 +191,7 @@ absl::Status SimDriver::EnablePeerAccess(int peer_ordinal) {
   if (peer_ordinal < 0 || peer_ordinal == state_->options.ordinal) {
     return DriverError("cuCtxEnablePeerAccess", DriverResult::kInvalidDevice);
   }
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   if (!state_->peers.insert(peer_ordinal).second) {
     return DriverError("cuCtxEnablePeerAccess", DriverResult::kPeerAccessAlreadyEnabled);
   }
@@ -199,7 +199,7 @@ absl::Status SimDriver::EnablePeerAccess(int peer_ordinal) {
 }
 
 absl::StatusOr<MemoryInfo> SimDriver::GetMemoryInfo() {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   return MemoryInfo{.free = state_->options.capacity - state_->used_bytes, .total = state_->options.capacity};
 }
 

@@ -18,8 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
-#include "absl/synchronization/mutex.h"
 #include "allocator/device/driver_error.h"
+#include "allocator/mutex.h"
 #include "tests/testing/test_device.h"
 
 namespace graphalloc {
@@ -109,16 +109,16 @@ std::atomic<int> LiveToken::live{0};
 class RunLog {
  public:
   void Add(char c) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     text_.push_back(c);
   }
   std::string Text() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return text_;
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::string text_;
 };
 

@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "allocator/device/driver_error.h"
+#include "allocator/mutex.h"
 
 namespace graphalloc::cuda {
 namespace {
@@ -32,7 +32,7 @@ using GetProcAddressFn = CUresult (*)(const char* symbol, void** pfn, int cuda_v
                                       CUdriverProcAddressQueryResult* symbol_status);
 
 struct Loader {
-  absl::Mutex mu;
+  Mutex mu;
   std::string path ABSL_GUARDED_BY(mu) = kDefaultLibrary;
   // Set once, after a complete load; never freed (the driver stays loaded for the life of the process).
   std::atomic<const CudaApi*> api{nullptr};
@@ -115,7 +115,7 @@ absl::StatusOr<std::unique_ptr<CudaApi>> LoadFrom(const std::string& path) {
 absl::StatusOr<const CudaApi*> LoadCudaApi() {
   Loader& loader = GetLoader();
   if (const CudaApi* api = loader.api.load(std::memory_order_acquire)) return api;
-  absl::MutexLock lock(&loader.mu);
+  MutexLock lock(&loader.mu);
   if (const CudaApi* api = loader.api.load(std::memory_order_acquire)) return api;
   absl::StatusOr<std::unique_ptr<CudaApi>> api = LoadFrom(loader.path);
   if (!api.ok()) return api.status();
@@ -126,7 +126,7 @@ absl::StatusOr<const CudaApi*> LoadCudaApi() {
 
 void SetCudaLibraryPathForTesting(const char* path) {
   Loader& loader = GetLoader();
-  absl::MutexLock lock(&loader.mu);
+  MutexLock lock(&loader.mu);
   loader.path = path != nullptr ? path : kDefaultLibrary;
 }
 

@@ -91,7 +91,7 @@ absl::Status SimDriver::BeginCapture(Stream stream, CaptureMode mode) {
   constexpr absl::string_view kName = "cuStreamBeginCapture";
   if (absl::Status st = state_->Begin(SimCall::kBeginCapture, kName); !st.ok()) return st;
   SimState& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   SimStreamState* st = s.FindStream(stream);
   if (st == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
   if (st->id == 0 || st->capture != nullptr)
@@ -112,7 +112,7 @@ absl::StatusOr<Graph> SimDriver::EndCapture(Stream stream) {
   if (absl::Status st = state_->Begin(SimCall::kEndCapture, kName); !st.ok()) return st;
   SimState& s = *state_;
   std::shared_ptr<SimCapture> ended;  // declared before the lock: its closures die after the unlock
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   SimStreamState* st = s.FindStream(stream);
   if (st == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
   if (st->capture == nullptr) return DriverError(kName, DriverResult::kInvalidValue);
@@ -145,7 +145,7 @@ absl::StatusOr<Graph> SimDriver::EndCapture(Stream stream) {
 }
 
 absl::StatusOr<CaptureInfo> SimDriver::GetCaptureInfo(Stream stream) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   SimStreamState* st = state_->FindStream(stream);
   if (st == nullptr) return DriverError("cuStreamGetCaptureInfo", DriverResult::kInvalidHandle);
   if (st->capture == nullptr) return CaptureInfo{};
@@ -157,7 +157,7 @@ absl::StatusOr<CaptureInfo> SimDriver::GetCaptureInfo(Stream stream) {
 absl::StatusOr<GraphExec> SimDriver::GraphInstantiate(Graph graph) {
   constexpr absl::string_view kName = "cuGraphInstantiate";
   if (absl::Status st = state_->Begin(SimCall::kGraphInstantiate, kName); !st.ok()) return st;
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->graphs.find(static_cast<std::uint64_t>(graph));
   if (it == state_->graphs.end()) return DriverError(kName, DriverResult::kInvalidHandle);
   const std::uint64_t id = state_->next_id++;
@@ -169,7 +169,7 @@ absl::StatusOr<GraphUpdateResult> SimDriver::GraphExecUpdate(GraphExec exec, Gra
   constexpr absl::string_view kName = "cuGraphExecUpdate";
   if (absl::Status st = state_->Begin(SimCall::kGraphExecUpdate, kName); !st.ok()) return st;
   std::vector<SimNode> old;  // replaced closures die after the unlock
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto e = state_->execs.find(static_cast<std::uint64_t>(exec));
   auto g = state_->graphs.find(static_cast<std::uint64_t>(graph));
   if (e == state_->execs.end() || g == state_->graphs.end())
@@ -189,7 +189,7 @@ absl::Status SimDriver::GraphLaunch(GraphExec exec, Stream stream) {
   constexpr absl::string_view kName = "cuGraphLaunch";
   if (absl::Status st = state_->Begin(SimCall::kGraphLaunch, kName); !st.ok()) return st;
   SimState& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   auto e = s.execs.find(static_cast<std::uint64_t>(exec));
   SimStreamState* st = s.FindStream(stream);
   if (e == s.execs.end() || st == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
@@ -207,7 +207,7 @@ absl::Status SimDriver::GraphLaunch(GraphExec exec, Stream stream) {
 
 absl::Status SimDriver::GraphExecDestroy(GraphExec exec) {
   SimGraphState doomed;
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->execs.find(static_cast<std::uint64_t>(exec));
   if (it == state_->execs.end()) return DriverError("cuGraphExecDestroy", DriverResult::kInvalidHandle);
   doomed = std::move(it->second);
@@ -217,7 +217,7 @@ absl::Status SimDriver::GraphExecDestroy(GraphExec exec) {
 
 absl::Status SimDriver::GraphDestroy(Graph graph) {
   SimGraphState doomed;
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->graphs.find(static_cast<std::uint64_t>(graph));
   if (it == state_->graphs.end()) return DriverError("cuGraphDestroy", DriverResult::kInvalidHandle);
   doomed = std::move(it->second);

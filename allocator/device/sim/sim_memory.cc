@@ -116,7 +116,7 @@ absl::StatusOr<DevicePtr> SimDriver::AddressReserve(std::size_t size, std::size_
   const DevicePtr ptr = (raw_ptr + align - 1) / align * align;
   if (ptr > raw_ptr) munmap(raw, ptr - raw_ptr);
   if (raw_ptr + raw_size > ptr + size) munmap(AsPtr(ptr + size), raw_ptr + raw_size - (ptr + size));
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   state_->reservations.emplace(ptr, size);
   return ptr;
 }
@@ -124,7 +124,7 @@ absl::StatusOr<DevicePtr> SimDriver::AddressReserve(std::size_t size, std::size_
 absl::Status SimDriver::AddressFree(DevicePtr ptr, std::size_t size) {
   constexpr absl::string_view kName = "cuMemAddressFree";
   if (absl::Status st = state_->Begin(SimCall::kAddressFree, kName); !st.ok()) return st;
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->reservations.find(ptr);
   if (it == state_->reservations.end() || it->second != size)
     return DriverError(kName, DriverResult::kInvalidValue);
@@ -142,7 +142,7 @@ absl::StatusOr<PhysicalHandle> SimDriver::MemCreate(std::size_t size) {
   if (absl::Status st = state_->Begin(SimCall::kMemCreate, kName); !st.ok()) return st;
   State& s = *state_;
   if (size == 0 || !Aligned(s, size)) return DriverError(kName, DriverResult::kInvalidValue);
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   std::uint64_t offset = 0;
   if (!TakePhysical(s, size, &offset)) return DriverError(kName, DriverResult::kOutOfMemory);
   const std::uint64_t id = s.next_id++;
@@ -156,7 +156,7 @@ absl::Status SimDriver::MemRelease(PhysicalHandle handle) {
   constexpr absl::string_view kName = "cuMemRelease";
   if (absl::Status st = state_->Begin(SimCall::kMemRelease, kName); !st.ok()) return st;
   State& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   auto it = s.physical.find(static_cast<std::uint64_t>(handle));
   if (it == s.physical.end() || it->second.released) return DriverError(kName, DriverResult::kInvalidValue);
   --s.live_handles;
@@ -178,7 +178,7 @@ absl::Status SimDriver::MemMap(DevicePtr ptr, std::size_t size, PhysicalHandle h
   if (ptr == 0 || size == 0 || !Aligned(s, ptr) || !Aligned(s, size)) {
     return DriverError(kName, DriverResult::kInvalidValue);
   }
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   auto phys = s.physical.find(static_cast<std::uint64_t>(handle));
   if (phys == s.physical.end() || phys->second.released || phys->second.size != size ||
       FindReservation(s, ptr, size) == s.reservations.end()) {
@@ -209,7 +209,7 @@ absl::Status SimDriver::MemUnmap(DevicePtr ptr, std::size_t size) {
   if (ptr == 0 || size == 0 || !Aligned(s, ptr) || !Aligned(s, size)) {
     return DriverError(kName, DriverResult::kInvalidValue);
   }
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   if (!FullyMapped(s, ptr, size, /*exact=*/true)) return DriverError(kName, DriverResult::kInvalidValue);
   mmap(AsPtr(ptr), size, PROT_NONE, MAP_FIXED | kReserveFlags, -1, 0);
   for (auto it = s.mappings.find(ptr); it != s.mappings.end() && it->first < ptr + size;) {
@@ -230,7 +230,7 @@ absl::Status SimDriver::MemSetAccess(DevicePtr ptr, std::size_t size, std::span<
   if (ptr == 0 || size == 0 || !Aligned(s, ptr) || !Aligned(s, size)) {
     return DriverError(kName, DriverResult::kInvalidValue);
   }
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   for (int peer : peers) {
     if (peer != s.options.ordinal && !s.peers.contains(peer))
       return DriverError(kName, DriverResult::kInvalidDevice);
@@ -250,7 +250,7 @@ absl::StatusOr<DevicePtr> SimDriver::MemAlloc(std::size_t size) {
   const std::size_t gran = s.options.granularity;
   if (size > SIZE_MAX - gran) return DriverError(kName, DriverResult::kOutOfMemory);
   const std::size_t rounded = (size + gran - 1) / gran * gran;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   if (absl::Status st = s.RefuseDuringCapture(kName, SimState::Unsafe::kGlobalOnly); !st.ok()) return st;
   std::uint64_t offset = 0;
   if (!TakePhysical(s, rounded, &offset)) return DriverError(kName, DriverResult::kOutOfMemory);
@@ -268,7 +268,7 @@ absl::Status SimDriver::MemFree(DevicePtr ptr) {
   constexpr absl::string_view kName = "cuMemFree";
   if (absl::Status st = state_->Begin(SimCall::kMemFree, kName); !st.ok()) return st;
   State& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   auto it = s.allocations.find(ptr);
   if (it == s.allocations.end()) return DriverError(kName, DriverResult::kInvalidValue);
   if (absl::Status st = s.RefuseDuringCapture(kName, SimState::Unsafe::kGlobalOnly); !st.ok()) return st;
@@ -282,7 +282,7 @@ absl::Status SimDriver::CopyHostToDevice(DevicePtr dst, const void* src, std::si
   constexpr absl::string_view kName = "cuMemcpyHtoD";
   if (absl::Status st = state_->Begin(SimCall::kCopy, kName); !st.ok()) return st;
   {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (absl::Status st = state_->RefuseDuringCapture(kName, SimState::Unsafe::kGlobalOnly); !st.ok())
       return st;
     // Synchronous copies run after the legacy default stream's work, as on CUDA.
@@ -297,7 +297,7 @@ absl::Status SimDriver::CopyDeviceToHost(void* dst, DevicePtr src, std::size_t b
   constexpr absl::string_view kName = "cuMemcpyDtoH";
   if (absl::Status st = state_->Begin(SimCall::kCopy, kName); !st.ok()) return st;
   {
-    absl::MutexLock lock(&state_->mu);
+    MutexLock lock(&state_->mu);
     if (absl::Status st = state_->RefuseDuringCapture(kName, SimState::Unsafe::kGlobalOnly); !st.ok())
       return st;
     if (!state_->InClosure()) state_->DriveStream(state_->streams.at(0));

@@ -1,13 +1,16 @@
 // Internal state of SimDriver, shared by the files that implement it (sim_driver.cc, sim_memory.cc,
 // sim_streams.cc, sim_capture.cc). Not part of the public API.
 //
-// One absl::Mutex (`mu`) guards all device state; fault injection and call counting have their own
-// (`fault_mu`) so counting a call never waits on device work. Closures never run with `mu` held: the
-// stream engine drops it around each closure, because a closure may call back into the driver.
+// One Mutex (`mu`, graphalloc's std::mutex-based lock, which ThreadSanitizer sees) guards all device state;
+// fault injection and call counting have their own (`fault_mu`) so counting a call never waits on device
+// work. Closures never run with `mu` held: the stream engine drops it around each closure, because a
+// closure may call back into the driver. A thread that must wait for another thread's closure to finish
+// waits on `progress_cv`, which the stream engine notifies whenever it drops `mu` or a stream goes idle.
 #ifndef GRAPHALLOC_ALLOCATOR_DEVICE_SIM_SIM_STATE_H_
 #define GRAPHALLOC_ALLOCATOR_DEVICE_SIM_SIM_STATE_H_
 
 #include <array>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -22,8 +25,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "allocator/device/sim_driver.h"
+#include "allocator/mutex.h"
 
 namespace graphalloc {
 
@@ -186,6 +189,17 @@ struct SimState {
   void DriveEvent(const std::shared_ptr<SimEventState>& event, std::uint64_t gen,
                   const std::weak_ptr<SimStreamState>& source) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void DriveAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Blocks, releasing `mu` meanwhile, until `done()` (evaluated with `mu` held) is true.
+  template <typename Predicate>
+  void Await(Predicate done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    // condition_variable_any unlocks and relocks through these (BasicLockable) names.
+    struct Lockable {
+      Mutex* mu;
+      void lock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Lock(); }
+      void unlock() ABSL_NO_THREAD_SAFETY_ANALYSIS { mu->Unlock(); }
+    } lockable{&mu};
+    while (!done()) progress_cv.wait(lockable);
+  }
   void ReapStream(const std::shared_ptr<SimStreamState>& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // True when the calling thread is inside a closure this driver is running (synchronizing from there
   // is not permitted, as in a CUDA host callback).
@@ -195,7 +209,7 @@ struct SimState {
   DeviceInfo info;
   const int memfd;
 
-  mutable absl::Mutex fault_mu;
+  mutable Mutex fault_mu;
   std::array<std::uint64_t, static_cast<int>(SimCall::kCount)> call_counts ABSL_GUARDED_BY(fault_mu) = {};
   // Per call kind: absolute call numbers that must fail, with their result.
   std::array<std::vector<std::pair<std::uint64_t, DriverResult>>, static_cast<int>(SimCall::kCount)>
@@ -206,7 +220,9 @@ struct SimState {
   DriverResult random_result ABSL_GUARDED_BY(fault_mu) = DriverResult::kOutOfMemory;
   std::uint64_t injected ABSL_GUARDED_BY(fault_mu) = 0;
 
-  mutable absl::Mutex mu;
+  mutable Mutex mu;
+  // Notified (with `mu` held) when a stream engine drops `mu` to run a closure or finishes a queue run.
+  std::condition_variable_any progress_cv;
   bool manual ABSL_GUARDED_BY(mu);
   SimOffsetSpace space ABSL_GUARDED_BY(mu);
   std::size_t used_bytes ABSL_GUARDED_BY(mu) = 0;

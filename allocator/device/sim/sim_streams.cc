@@ -30,17 +30,6 @@ class ClosureScope {
   ~ClosureScope() { tls_running.pop_back(); }
 };
 
-bool StreamIdle(SimStreamState* s) ABSL_NO_THREAD_SAFETY_ANALYSIS { return !s->busy; }
-
-struct EventWait {
-  SimStreamState* stream;
-  const SimEventState* event;
-  std::uint64_t gen;
-};
-bool StreamIdleOrEventDone(EventWait* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  return !w->stream->busy || w->event->completed_gen >= w->gen;
-}
-
 }  // namespace
 
 bool SimState::InClosure() const {
@@ -65,7 +54,7 @@ void SimState::Push(SimStreamState& stream, SimWorkItem item) {
 absl::Status SimState::Enqueue(Stream stream, SimNodeKind kind, HostFunction fn, absl::string_view name) {
   if (!fn) return DriverError(name, DriverResult::kInvalidValue);
   auto shared = std::make_shared<const HostFunction>(std::move(fn));
-  absl::MutexLock lock(&mu);
+  MutexLock lock(&mu);
   SimStreamState* st = FindStream(stream);
   if (st == nullptr) return DriverError(name, DriverResult::kInvalidHandle);
   if (st->capture != nullptr) return RecordNode(*st, kind, std::move(shared), name);
@@ -99,6 +88,7 @@ std::size_t SimState::RunQueue(const std::shared_ptr<SimStreamState>& st, std::s
     st->queue.pop_front();
     --pending_runs;
     *progress = true;
+    progress_cv.notify_all();  // event markers may have completed
     mu.Unlock();
     {
       ClosureScope scope(this);
@@ -109,6 +99,7 @@ std::size_t SimState::RunQueue(const std::shared_ptr<SimStreamState>& st, std::s
     ++ran;
   }
   st->busy = false;
+  progress_cv.notify_all();
   ReapStream(st);
   return ran;
 }
@@ -133,8 +124,9 @@ void SimState::DriveEvent(const std::shared_ptr<SimEventState>& event, std::uint
     std::shared_ptr<SimStreamState> src = source.lock();
     if (src == nullptr) return;  // reaped: its queue, marker included, has run
     if (src->busy) {
-      EventWait w{src.get(), event.get(), gen};
-      mu.Await(absl::Condition(&StreamIdleOrEventDone, &w));
+      SimStreamState* busy_stream = src.get();
+      Await([&]()
+                ABSL_NO_THREAD_SAFETY_ANALYSIS { return !busy_stream->busy || event->completed_gen >= gen; });
       continue;
     }
     bool progress = false;
@@ -152,7 +144,7 @@ void SimState::DriveEvent(const std::shared_ptr<SimEventState>& event, std::uint
 void SimState::DriveStream(const std::shared_ptr<SimStreamState>& st) {
   while (!st->queue.empty() || st->busy) {
     if (st->busy) {
-      mu.Await(absl::Condition(&StreamIdle, st.get()));
+      Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !st->busy; });
       continue;
     }
     bool progress = false;
@@ -187,7 +179,7 @@ void SimState::ReapStream(const std::shared_ptr<SimStreamState>& st) {
 
 absl::StatusOr<Stream> SimDriver::StreamCreate() {
   if (absl::Status st = state_->Begin(SimCall::kStreamCreate, "cuStreamCreate"); !st.ok()) return st;
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto s = std::make_shared<SimStreamState>();
   s->id = state_->next_id++;
   state_->streams.emplace(s->id, s);
@@ -196,7 +188,7 @@ absl::StatusOr<Stream> SimDriver::StreamCreate() {
 
 absl::Status SimDriver::StreamDestroy(Stream stream) {
   constexpr absl::string_view kName = "cuStreamDestroy";
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   SimStreamState* st = stream == kDefaultStream ? nullptr : state_->FindStream(stream);
   if (st == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
   if (st->capture != nullptr) {
@@ -212,7 +204,7 @@ absl::Status SimDriver::StreamDestroy(Stream stream) {
 absl::Status SimDriver::StreamSynchronize(Stream stream) {
   constexpr absl::string_view kName = "cuStreamSynchronize";
   if (absl::Status st = state_->Begin(SimCall::kStreamSynchronize, kName); !st.ok()) return st;
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   SimStreamState* st = state_->FindStream(stream);
   if (st == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
   if (st->capture != nullptr) {  // illegal in every mode
@@ -229,7 +221,7 @@ absl::Status SimDriver::StreamWaitEvent(Stream stream, Event event) {
   constexpr absl::string_view kName = "cuStreamWaitEvent";
   if (absl::Status st = state_->Begin(SimCall::kStreamWaitEvent, kName); !st.ok()) return st;
   SimState& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   SimStreamState* st = s.FindStream(stream);
   SimEventState* ev = s.FindEvent(event);
   if (st == nullptr || ev == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
@@ -253,7 +245,7 @@ absl::Status SimDriver::LaunchHostFunction(Stream stream, HostFunction fn) {
 
 absl::Status SimDriver::DeviceSynchronize() {
   constexpr absl::string_view kName = "cuCtxSynchronize";
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   // It would wait for every capturing stream too, so any live capture forbids it.
   if (absl::Status s = state_->RefuseDuringCapture(kName, SimState::Unsafe::kAnyCapture); !s.ok()) return s;
   if (state_->InClosure()) return DriverError(kName, DriverResult::kNotPermitted);
@@ -265,7 +257,7 @@ absl::Status SimDriver::DeviceSynchronize() {
 
 absl::StatusOr<Event> SimDriver::EventCreate() {
   if (absl::Status st = state_->Begin(SimCall::kEventCreate, "cuEventCreate"); !st.ok()) return st;
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   const std::uint64_t id = state_->next_id++;
   state_->events.emplace(id, std::make_shared<SimEventState>());
   return Event{id};
@@ -273,7 +265,7 @@ absl::StatusOr<Event> SimDriver::EventCreate() {
 
 absl::Status SimDriver::EventDestroy(Event event) {
   std::shared_ptr<SimEventState> doomed;  // dropped after the lock
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->events.find(static_cast<std::uint64_t>(event));
   if (it == state_->events.end()) return DriverError("cuEventDestroy", DriverResult::kInvalidHandle);
   doomed = std::move(it->second);
@@ -285,7 +277,7 @@ absl::Status SimDriver::EventRecord(Event event, Stream stream) {
   constexpr absl::string_view kName = "cuEventRecord";
   if (absl::Status st = state_->Begin(SimCall::kEventRecord, kName); !st.ok()) return st;
   SimState& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   SimStreamState* st = s.FindStream(stream);
   SimEventState* ev = s.FindEvent(event);
   if (st == nullptr || ev == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
@@ -326,7 +318,7 @@ absl::StatusOr<bool> SimDriver::EventQuery(Event event) {
   constexpr absl::string_view kName = "cuEventQuery";
   if (absl::Status st = state_->Begin(SimCall::kEventQuery, kName); !st.ok()) return st;
   SimState& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   SimEventState* ev = s.FindEvent(event);
   if (ev == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
   if (absl::Status st = RefuseCapturedEvent(s, *ev, kName); !st.ok()) return st;
@@ -338,7 +330,7 @@ absl::Status SimDriver::EventSynchronize(Event event) {
   constexpr absl::string_view kName = "cuEventSynchronize";
   if (absl::Status st = state_->Begin(SimCall::kEventSynchronize, kName); !st.ok()) return st;
   SimState& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  MutexLock lock(&s.mu);
   SimEventState* ev = s.FindEvent(event);
   if (ev == nullptr) return DriverError(kName, DriverResult::kInvalidHandle);
   if (absl::Status st = RefuseCapturedEvent(s, *ev, kName); !st.ok()) return st;
@@ -353,13 +345,13 @@ absl::Status SimDriver::EventSynchronize(Event event) {
 // ---- SimDriver: manual completion. ----
 
 void SimDriver::SetManualCompletion(bool manual) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   state_->manual = manual;
   if (!manual) state_->Pump();  // leaving manual mode: what was held back runs now
 }
 
 std::size_t SimDriver::RunPendingWork(Stream stream, std::size_t max_items) {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   auto it = state_->streams.find(static_cast<std::uint64_t>(stream));
   if (it == state_->streams.end()) return 0;
   std::shared_ptr<SimStreamState> st = it->second;
@@ -368,7 +360,7 @@ std::size_t SimDriver::RunPendingWork(Stream stream, std::size_t max_items) {
 }
 
 std::size_t SimDriver::RunAllPendingWork() {
-  absl::MutexLock lock(&state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->Pump();
 }
 
