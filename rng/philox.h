@@ -206,9 +206,14 @@ inline constexpr float kTwoPow32Inv = 2.3283064e-10f;  // CURAND_2POW32_INV; exa
 static_assert(kTwoPow32Inv == 0x1p-32f, "CURAND_2POW32_INV must round to 2^-32");
 
 // curand_uniform: x * 2^-32 + 2^-33 in float, range (0, 1]. The product is exact (a power-of-two scale),
-// so the result has a single rounding whether or not the compiler fuses it; GA_* makes that explicit.
+// so the result has a single rounding whether or not it is fused: the device uses one fused multiply-add
+// (one instruction instead of two), the host the separate operations; both give the same bits.
 GA_HD GA_INLINE float UniformFloat(std::uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(GA_U2F(x), kTwoPow32Inv, kTwoPow32Inv / 2.0f);
+#else
   return GA_FADD(GA_FMUL(GA_U2F(x), kTwoPow32Inv), kTwoPow32Inv / 2.0f);
+#endif
 }
 
 namespace philox_detail {

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "rng/philox.h"
@@ -299,6 +300,120 @@ TEST(RandomOpsTest, CapturedArgsReadTheSlotsWhenTheKernelRuns) {
     EXPECT_EQ(vb[i], ExpectedWord(10, 108, i, n)) << i;
   }
   EXPECT_EQ(slots.Read<std::uint64_t>(), (std::vector<std::uint64_t>{10, 100}));
+}
+
+// The device kernels take a fast path (several subsequences per thread, vector stores, no bounds checks in
+// whole iterations) when the offset is a multiple of 4, the counter's low word does not wrap during the
+// launch and the buffers are aligned; otherwise the shared per-thread body. Both must equal the host twin
+// bit for bit, over several whole iterations plus a partial one.
+constexpr std::size_t kFullThreads = 1056 * 256;
+constexpr std::size_t kManyIterations = 3 * 4 * kFullThreads + 1001;
+
+struct FillCase {
+  rng_body::ElementType type;
+  rng_body::Distribution dist;
+  std::uint64_t offset;
+  std::size_t misalign;  // elements
+};
+
+TEST(RandomOpsTest, MultiIterationFillsEqualTheHostTwinOnFastAndFallbackPaths) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  using rng_body::Distribution;
+  using rng_body::ElementType;
+  const std::size_t n = kManyIterations;
+  const std::vector<FillCase> cases = {
+      {ElementType::kFloat32, Distribution::kUniform, 0, 0},
+      {ElementType::kFloat32, Distribution::kUniform, 44, 1},  // misaligned: fallback
+      {ElementType::kFloat32, Distribution::kUniform, 6, 0},   // offset % 4 != 0: fallback
+      {ElementType::kBFloat16, Distribution::kUniform, 16, 0},
+      {ElementType::kBFloat16, Distribution::kUniform, 16, 3},
+      {ElementType::kUint32, Distribution::kBits, 4 * 0xfffffffcull, 0},  // low word reaches 0xffffffff
+      {ElementType::kUint32, Distribution::kBits, 4 * 0xfffffffeull, 0},  // low word wraps: fallback
+      {ElementType::kUint32, Distribution::kBits, 4 * ((5ull << 32) | 7), 0},
+      {ElementType::kFloat32, Distribution::kNormal, 20, 0},
+      {ElementType::kBFloat16, Distribution::kNormal, 20, 0},
+  };
+  for (const FillCase& c : cases) {
+    const std::size_t esize = c.type == ElementType::kBFloat16 ? 2 : 4;
+    DeviceBuffer buf(*driver, (n + c.misalign) * esize);
+    const DevicePtr out = buf.get() + c.misalign * esize;
+    const PhiloxArgs args = PhiloxArgs::Eager(0xabcdef12345ull + c.offset, c.offset);
+    const DType dtype = c.type == ElementType::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
+    absl::Status s = c.dist == Distribution::kBits ? FillBits(*driver, kDefaultStream, out, n, args)
+                     : c.dist == Distribution::kUniform
+                         ? FillUniform(*driver, kDefaultStream, out, n, dtype, args)
+                         : FillNormal(*driver, kDefaultStream, out, n, dtype, args);
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+    const std::vector<std::uint8_t> got = buf.Read<std::uint8_t>();
+    std::vector<std::uint8_t> want(n * esize);
+    FillOnHost(want.data(), n, c.type, c.dist, args);
+    std::size_t mismatches = 0;
+    for (std::size_t i = 0; i < n * esize; ++i) mismatches += got[c.misalign * esize + i] != want[i];
+    EXPECT_EQ(mismatches, 0u) << "type " << static_cast<int>(c.type) << " dist " << static_cast<int>(c.dist)
+                              << " offset " << c.offset << " misalign " << c.misalign;
+  }
+}
+
+TEST(RandomOpsTest, MultiIterationCapturedFillReadsTheSlots) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t n = kManyIterations;
+  DeviceBuffer slots(*driver, 16), buf(*driver, n * 4);
+  ASSERT_TRUE(WritePhiloxSlots(*driver, kDefaultStream, slots.get(), 31, 400).ok());
+  const PhiloxArgs captured = PhiloxArgs::Captured(slots.get(), slots.get() + 8, /*intragraph_offset=*/16);
+  ASSERT_TRUE(FillUniform(*driver, kDefaultStream, buf.get(), n, DType::kFloat32, captured).ok());
+  ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+  const std::vector<std::uint32_t> got = buf.Read<std::uint32_t>();
+  std::vector<std::uint32_t> want(n);
+  FillOnHost(want.data(), n, rng_body::ElementType::kFloat32, rng_body::Distribution::kUniform,
+             PhiloxArgs::Eager(31, 416));
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < n; ++i) mismatches += got[i] != want[i];
+  EXPECT_EQ(mismatches, 0u);
+}
+
+TEST(RandomOpsTest, MultiIterationDropoutEqualsTheHostTwin) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t n = kManyIterations;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const std::size_t esize = DTypeSize(dtype);
+    const rng_body::ElementType type =
+        dtype == DType::kBFloat16 ? rng_body::ElementType::kBFloat16 : rng_body::ElementType::kFloat32;
+    // Input: bit patterns of ordinary values (float32) or bfloat16s, written as bytes.
+    std::vector<std::uint8_t> x((n + 1) * esize);
+    for (std::size_t i = 0; i < n + 1; ++i) {
+      const float v = 0.5f + static_cast<float>(i % 1013) * 0.125f;
+      if (dtype == DType::kBFloat16) {
+        const std::uint16_t b = FloatToBFloat16(v);
+        std::memcpy(&x[i * esize], &b, 2);
+      } else {
+        std::memcpy(&x[i * esize], &v, 4);
+      }
+    }
+    for (float p : {0.0f, 0.1f, 0.999f, 1.0f}) {
+      for (int variant = 0; variant < 3; ++variant) {  // aligned, aligned in place, misaligned
+        {
+          const std::size_t misalign = variant == 2 ? 1 : 0;
+          const bool in_place = variant == 1;
+          const PhiloxArgs args = PhiloxArgs::Eager(99, 8);
+          DeviceBuffer in(*driver, (n + 1) * esize), out(*driver, (n + 1) * esize);
+          in.Write(x);
+          const DevicePtr src = in.get() + misalign * esize;
+          const DevicePtr dst = in_place ? src : out.get();
+          ASSERT_TRUE(DropoutForward(*driver, kDefaultStream, src, dst, n, dtype, p, args).ok());
+          ASSERT_TRUE(driver->StreamSynchronize(kDefaultStream).ok());
+          const std::vector<std::uint8_t> got_all = (in_place ? in : out).Read<std::uint8_t>();
+          const std::size_t at = in_place ? misalign * esize : 0;
+          std::vector<std::uint8_t> want(n * esize);
+          DropoutOnHost(x.data() + misalign * esize, want.data(), n, type, DropoutParamsFor(p), args);
+          std::size_t mismatches = 0;
+          for (std::size_t i = 0; i < n * esize; ++i) mismatches += got_all[at + i] != want[i];
+          EXPECT_EQ(mismatches, 0u) << "dtype " << static_cast<int>(dtype) << " p " << p << " misalign "
+                                    << misalign << " in_place " << in_place;
+        }
+      }
+    }
+  }
 }
 
 TEST(RandomOpsTest, AgreesWithRealCurandOnTheGpu) {
