@@ -7,6 +7,7 @@
 
 #include "tools/device_command.h"
 #include "tools/replay_command.h"
+#include "tools/snapshot_command.h"
 
 namespace {
 
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   graphalloc::tools::AddDeviceCommand(app);
   graphalloc::tools::AddReplayCommand(app);
+  graphalloc::tools::AddSnapshotCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {  // a subcommand's own failure: it has printed why

@@ -102,6 +102,10 @@ void WriteSegment(PickleWriter& w, int device, const SegmentSnapshot& seg, std::
     w.String(TorchState(p.block->state));
     w.String("frames");
     WriteFrames(w, p.block->frames);
+    if (!p.block->annotation.empty()) {  // as on trace entries; PyTorch's own blocks have no such key
+      w.String("user_metadata");
+      w.String(p.block->annotation);
+    }
     w.EndDict();
   }
   w.EndList();

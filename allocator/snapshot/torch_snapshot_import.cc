@@ -162,6 +162,7 @@ absl::Status ReadSegment(const Dict& d, SegmentSnapshot* seg) {
     block.state = *state;
     if (block.state == BlockState::kFree) block.requested_size = 0;
     block.stream = seg->stream;
+    GA_RETURN_IF_ERROR(b->String("user_metadata", &block.annotation, false));
     GA_RETURN_IF_ERROR(ReadFrames(*b, &block.frames));
     next = block.address + block.size;
     seg->blocks.push_back(std::move(block));

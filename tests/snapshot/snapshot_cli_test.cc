@@ -1,0 +1,191 @@
+// `graphalloc snapshot ...` end to end: each subcommand on a fixture file written here, with its output
+// and exit code checked; corrupt, truncated, wrong-version and missing files exit 2 with the location;
+// a snapshot whose statistics disagree with its blocks fails `check` with exit 1.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "allocator/snapshot/snapshot_json.h"
+#include "allocator/snapshot/torch_snapshot.h"
+#include "tests/snapshot/snapshot_fixture.h"
+
+namespace graphalloc {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MakeFixtureSnapshot;
+using ::testing::Not;
+
+struct CliRun {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CliRun Cli(const std::string& args) {
+  CliRun run;
+  const std::string command = absl::StrCat(GRAPHALLOC_CLI_PATH, " ", args, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
+  const int status = pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+class SnapshotCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TestDir();
+    fixture_ = dir_ + "/fixture.json";
+    ASSERT_TRUE(WriteSnapshotFile(MakeFixtureSnapshot(), fixture_).ok());
+  }
+  std::string Write(const std::string& name, const std::string& bytes) {
+    const std::string path = dir_ + "/" + name;
+    EXPECT_TRUE(WriteFileBytes(path, bytes).ok());
+    return path;
+  }
+  std::string dir_;
+  std::string fixture_;
+};
+
+TEST_F(SnapshotCliTest, Summary) {
+  CliRun r = Cli("snapshot summary " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("reserved          10.00 MiB (10485760 bytes)"));
+  EXPECT_THAT(r.output, HasSubstr("statistics match the segments"));
+  EXPECT_THAT(r.output, HasSubstr("Top call sites by allocated bytes"));
+  r = Cli("snapshot summary --json --top 1 " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"allocated_bytes\": 3146240"));
+  EXPECT_THAT(r.output, HasSubstr("\"fragmentation_bytes\": 7339520"));
+}
+
+TEST_F(SnapshotCliTest, Segments) {
+  const CliRun r = Cli("snapshot segments " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("segment 0: [0x7f0000000000, 0x7f0000400000) 4.00 MiB"));
+  EXPECT_THAT(r.output, HasSubstr("pending_free"));
+}
+
+TEST_F(SnapshotCliTest, PlotSvgAndHtml) {
+  CliRun r = Cli(absl::StrCat("snapshot plot ", fixture_, " -o ", dir_, "/out.svg"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  absl::StatusOr<std::string> svg = ReadFileBytes(dir_ + "/out.svg");
+  ASSERT_TRUE(svg.ok());
+  std::size_t rects = 0;
+  for (std::size_t at = svg->find("<rect class=\"block\""); at != std::string::npos;
+       at = svg->find("<rect class=\"block\"", at + 1)) {
+    ++rects;
+  }
+  EXPECT_EQ(rects, static_cast<std::size_t>(testing::kFixtureBlocks));
+  r = Cli(absl::StrCat("snapshot plot ", fixture_, " -o ", dir_, "/out.html"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  absl::StatusOr<std::string> html = ReadFileBytes(dir_ + "/out.html");
+  ASSERT_TRUE(html.ok());
+  EXPECT_THAT(*html, HasSubstr("<!DOCTYPE html>"));
+  r = Cli(absl::StrCat("snapshot plot ", fixture_, " -o ", dir_, "/out.png"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.output, HasSubstr("must end in .svg or .html"));
+  r = Cli(absl::StrCat("snapshot plot ", fixture_, " -o ", dir_, "/no/such/dir/out.svg"));
+  EXPECT_EQ(r.code, 1) << r.output;
+}
+
+TEST_F(SnapshotCliTest, Diff) {
+  MemorySnapshot after = MakeFixtureSnapshot();
+  after.segments.pop_back();
+  const std::string b = dir_ + "/after.json";
+  ASSERT_TRUE(WriteSnapshotFile(after, b).ok());
+  const CliRun r = Cli(absl::StrCat("snapshot diff ", fixture_, " ", b));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("Segments added: 0, removed: 1"));
+  EXPECT_THAT(r.output, HasSubstr("-1.00 MiB  attention (model.cc:40)"));
+}
+
+TEST_F(SnapshotCliTest, CheckPassesAndFails) {
+  CliRun r = Cli("snapshot check " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  MemorySnapshot bad = MakeFixtureSnapshot();
+  bad.stats.allocated_bytes[StatType::kAggregate].current = 1;
+  const std::string path = dir_ + "/inconsistent.json";
+  ASSERT_TRUE(WriteSnapshotFile(bad, path).ok());
+  r = Cli("snapshot check " + path);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("allocated_bytes.all.current is 1 but the segments add up to 3146240"));
+}
+
+TEST_F(SnapshotCliTest, ExportThenImportTorch) {
+  const std::string pickle = dir_ + "/fixture.pickle", json = dir_ + "/imported.json";
+  CliRun r = Cli(absl::StrCat("snapshot export-torch ", fixture_, " -o ", pickle));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = Cli(absl::StrCat("snapshot import-torch ", pickle, " -o ", json));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(4 segments, 15 history events)"));
+  absl::StatusOr<MemorySnapshot> imported = ReadSnapshotFile(json);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->history, MakeFixtureSnapshot().history);
+  // The other subcommands read a PyTorch pickle directly too.
+  r = Cli("snapshot summary " + pickle);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("from pytorch"));
+  r = Cli("snapshot check " + pickle);
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+TEST_F(SnapshotCliTest, BadInputExitsTwoWithTheLocation) {
+  const std::string json = SnapshotToJson(MakeFixtureSnapshot());
+  struct Case {
+    std::string name, bytes, message;
+  };
+  const std::vector<Case> cases = {
+      {"truncated.json", json.substr(0, json.size() / 2), "not valid JSON at byte "},
+      {"corrupt.json", absl::StrReplaceAll(json, {{"\"segments\":[", "\"segments\":[}"}}),
+       "not valid JSON at byte "},
+      {"version.json", absl::StrReplaceAll(json, {{"\"version\":1", "\"version\":3"}}),
+       "version: snapshot format version 3 is not supported"},
+      {"field.json", absl::StrReplaceAll(json, {{"\"size\":3145728", "\"size\":null"}}),
+       "segments[2].blocks[1].size: expected a non-negative integer, found null"},
+      {"empty.json", "", "not valid JSON at byte "},
+      {"truncated.pickle", SnapshotToTorchPickle(MakeFixtureSnapshot()).substr(0, 300),
+       "bad pickle at byte "},
+  };
+  for (const Case& c : cases) {
+    const std::string path = Write(c.name, c.bytes);
+    for (const char* command : {"summary", "segments", "check", "export-torch -o /dev/null"}) {
+      const CliRun r = Cli(absl::StrCat("snapshot ", command, " ", path));
+      EXPECT_EQ(r.code, 2) << c.name << " " << command << ": " << r.output;
+      EXPECT_THAT(r.output, HasSubstr(c.message)) << c.name << " " << command;
+      EXPECT_THAT(r.output, HasSubstr(path)) << c.name;
+      EXPECT_THAT(r.output, Not(HasSubstr("terminate"))) << c.name;
+    }
+  }
+  CliRun r = Cli(absl::StrCat("snapshot summary ", dir_, "/missing.json"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.output, HasSubstr("missing.json: cannot open"));
+  r = Cli(absl::StrCat("snapshot import-torch ", fixture_, " -o ", dir_, "/x.json"));  // JSON is not a pickle
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.output, HasSubstr("bad pickle at byte 0"));
+  r = Cli(absl::StrCat("snapshot diff ", fixture_, " ", dir_, "/missing.json"));
+  EXPECT_EQ(r.code, 2);
+  r = Cli("snapshot summary");  // missing argument
+  EXPECT_EQ(r.code, 2);
+  r = Cli("snapshot");  // no subcommand
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST_F(SnapshotCliTest, HelpListsTheSubcommands) {
+  const CliRun r = Cli("snapshot --help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* sub : {"summary", "segments", "plot", "diff", "check", "export-torch", "import-torch"}) {
+    EXPECT_THAT(r.output, HasSubstr(sub));
+  }
+}
+
+}  // namespace
+}  // namespace graphalloc

@@ -1,0 +1,25 @@
+// `graphalloc snapshot ...`: inspect memory snapshots (graphalloc JSON, or PyTorch pickles directly):
+// summary, segments, plot, diff, check, export-torch and import-torch. docs/snapshot_format.md has usage.
+#ifndef GRAPHALLOC_TOOLS_SNAPSHOT_COMMAND_H_
+#define GRAPHALLOC_TOOLS_SNAPSHOT_COMMAND_H_
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "allocator/snapshot/memory_snapshot.h"
+
+namespace graphalloc::tools {
+
+// Registers the `snapshot` subcommand group on `app`. A callback prints its result and throws
+// CLI::RuntimeError(1) for a failed check or a failed write, CLI::RuntimeError(2) for bad input (missing,
+// corrupt, truncated or wrong-version files).
+void AddSnapshotCommand(CLI::App& app);
+
+// Reads a snapshot file: graphalloc JSON, or a PyTorch memory snapshot pickle (recognized by its first
+// byte, the pickle PROTO opcode).
+absl::StatusOr<MemorySnapshot> LoadAnySnapshot(const std::string& path);
+
+}  // namespace graphalloc::tools
+
+#endif  // GRAPHALLOC_TOOLS_SNAPSHOT_COMMAND_H_
