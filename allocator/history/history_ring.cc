@@ -5,6 +5,7 @@
 #include <execinfo.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -52,9 +53,12 @@ class Symbolizer {
 }  // namespace
 
 HistoryRing::Buffer::Buffer(std::size_t capacity_in, bool stacks_in)
-    : capacity(capacity_in), stacks(stacks_in), slots(new Slot[capacity_in]) {
+    : capacity(capacity_in),
+      mask(std::bit_ceil(capacity_in) - 1),
+      stacks(stacks_in),
+      slots(new Slot[mask + 1]) {
   if (stacks) {
-    frames.reset(new std::atomic<std::uintptr_t>[capacity * kMaxHistoryFrames]);
+    frames.reset(new std::atomic<std::uintptr_t>[(mask + 1) * kMaxHistoryFrames]);
     void* warm[2];
     backtrace(warm, 2);  // the first call loads the unwinder (and allocates): do it here, not in Record
   }
@@ -146,7 +150,7 @@ HistoryContents HistoryRing::Read() const {
   out.events.reserve(static_cast<std::size_t>(end - begin));
   std::uintptr_t pcs[kMaxHistoryFrames];
   for (std::uint64_t t = begin; t < end; ++t) {
-    const std::size_t index = static_cast<std::size_t>(t % buffer->capacity);
+    const std::size_t index = static_cast<std::size_t>(t & buffer->mask);
     const Slot& slot = buffer->slots[index];
     const std::uint64_t seq = slot.seq.load(std::memory_order_acquire);
     if (seq != 2 * t + 2) {

@@ -2,12 +2,13 @@
 // the caching allocator records on its hot path and a snapshot reads out (MemorySnapshot::history).
 //
 // Recording is lock-free and allocation-free: one atomic fetch_add takes a ticket, the ticket picks a slot
-// of a preallocated array of plain records, and a per-slot sequence number (a seqlock) lets a reader
-// detect a slot being overwritten while it reads it. No strings are formatted and no clock call is made at
-// record time: the time is the CPU's timestamp counter, converted to microseconds when the history is read.
-// Optionally each record keeps up to kMaxHistoryFrames return addresses (backtrace()), symbolized only when
-// the history is read (dladdr + demangling, each distinct address once). A user annotation is an interned
-// id (InternAnnotation / ScopedHistoryAnnotation), never a string copy.
+// of a preallocated array of plain records (max_entries rounded up to a power of two, so no division), and a
+// per-slot sequence number (a seqlock) lets a reader detect a slot being overwritten while it reads it. No
+// strings are formatted and no clock call is made at record time: the time is the CPU's timestamp counter,
+// converted to microseconds when the history is read. Optionally each record keeps up to kMaxHistoryFrames
+// return addresses (backtrace()), symbolized only when the history is read (dladdr + demangling, each
+// distinct address once). A user annotation is an interned id (InternAnnotation / ScopedHistoryAnnotation),
+// never a string copy.
 //
 // Thread-safe: any number of threads may Record() at once, also while another reads or reconfigures. The
 // ring keeps the newest `max_entries` events; older ones are dropped and reported as overflow.
@@ -104,7 +105,7 @@ class HistoryRing {
     Buffer* buffer = active_.load(std::memory_order_acquire);
     if (buffer == nullptr) return;
     const std::uint64_t ticket = buffer->next.fetch_add(1, std::memory_order_relaxed);
-    const std::size_t index = static_cast<std::size_t>(ticket % buffer->capacity);
+    const std::size_t index = static_cast<std::size_t>(ticket & buffer->mask);
     Slot& slot = buffer->slots[index];
     slot.seq.store(2 * ticket + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
@@ -150,10 +151,11 @@ class HistoryRing {
   };
   struct Buffer {
     Buffer(std::size_t capacity, bool stacks);
-    const std::size_t capacity;
+    const std::size_t capacity;  // max_entries: the newest `capacity` events are kept
+    const std::size_t mask;      // slots - 1; the slot count is capacity rounded up to a power of two
     const bool stacks;
     std::unique_ptr<Slot[]> slots;
-    std::unique_ptr<std::atomic<std::uintptr_t>[]> frames;  // capacity * kMaxHistoryFrames, when stacks
+    std::unique_ptr<std::atomic<std::uintptr_t>[]> frames;  // slots * kMaxHistoryFrames, when stacks
     std::uint64_t origin_ticks;                             // Now() when made
     std::int64_t origin_steady_ns;                          // steady clock at the same moment
     std::int64_t origin_unix_ns;                            // wall clock at the same moment

@@ -235,32 +235,20 @@ void WriteEvent(JsonOut& j, StackTable& stacks, const HistoryEvent& e) {
 }  // namespace
 
 std::string SnapshotToJson(const MemorySnapshot& snapshot) {
-  // Segments and history are written into their own buffers first, so the stack table they fill can be
-  // written before them (a reader then resolves stack indexes as it goes).
+  // The stack table is written before the segments and the history that refer to it: intern every stack
+  // first, in the order the writer meets them below, so the indexes agree.
   StackTable stacks;
-  std::string body;
   std::size_t blocks = 0;
-  for (const SegmentSnapshot& s : snapshot.segments) blocks += s.blocks.size();
-  body.reserve(snapshot.segments.size() * 160 + blocks * 110 + snapshot.history.size() * 120 + 256);
-  JsonOut b(&body);
-  b.Raw(",\n\"segments\":[");
-  for (std::size_t i = 0; i < snapshot.segments.size(); ++i) {
-    b.Raw(i == 0 ? "\n  " : ",\n  ");
-    WriteSegment(b, stacks, snapshot.segments[i]);
+  for (const SegmentSnapshot& s : snapshot.segments) {
+    stacks.Intern(s.frames);
+    for (const BlockSnapshot& block : s.blocks) stacks.Intern(block.frames);
+    blocks += s.blocks.size();
   }
-  b.Raw("],\n\"history\":{\"max_entries\":");
-  b.U64(snapshot.history_max_entries);
-  b.Raw(",\"overflowed\":");
-  b.Bool(snapshot.history_overflowed);
-  b.Raw(",\"events\":[");
-  for (std::size_t i = 0; i < snapshot.history.size(); ++i) {
-    b.Raw(i == 0 ? "\n  " : ",\n  ");
-    WriteEvent(b, stacks, snapshot.history[i]);
-  }
-  b.Raw("]}\n}\n");
+  for (const HistoryEvent& e : snapshot.history) stacks.Intern(e.frames);
 
   std::string out;
-  out.reserve(body.size() + 4096);
+  out.reserve(4096 + stacks.stacks().size() * 256 + snapshot.segments.size() * 160 + blocks * 110 +
+              snapshot.history.size() * 130);
   JsonOut j(&out);
   j.Raw("{\"format\":");
   j.String(kSnapshotFormatName);
@@ -317,7 +305,22 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
     j.Char(']');
   }
   j.Char(']');
-  out += body;
+  j.Raw(",\n\"segments\":[");
+  for (std::size_t i = 0; i < snapshot.segments.size(); ++i) {
+    j.Raw(i == 0 ? "\n  " : ",\n  ");
+    WriteSegment(j, stacks, snapshot.segments[i]);
+  }
+  j.Raw("],\n\"history\":{\"max_entries\":");
+  j.U64(snapshot.history_max_entries);
+  j.Raw(",\"overflowed\":");
+  j.Bool(snapshot.history_overflowed);
+  j.Raw(",\"events\":[");
+  for (std::size_t i = 0; i < snapshot.history.size(); ++i) {
+    j.Raw(i == 0 ? "\n  " : ",\n  ");
+    WriteEvent(j, stacks, snapshot.history[i]);
+  }
+  j.Raw("]}\n}\n");
+
   return out;
 }
 
