@@ -82,9 +82,9 @@ void HistoryRing::CaptureStack(Buffer& buffer, std::size_t index) {
   const int depth = std::max(0, n - 1);
   std::atomic<std::uintptr_t>* out = &buffer.frames[index * kMaxHistoryFrames];
   for (int i = 0; i < depth; ++i) {
-    out[i].store(reinterpret_cast<std::uintptr_t>(pcs[i + 1]), std::memory_order_relaxed);
+    out[i].store(reinterpret_cast<std::uintptr_t>(pcs[i + 1]), std::memory_order_release);
   }
-  buffer.slots[index].depth.store(static_cast<std::uint8_t>(depth), std::memory_order_relaxed);
+  buffer.slots[index].depth.store(static_cast<std::uint8_t>(depth), std::memory_order_release);
 }
 
 absl::Status HistoryRing::RecordHistory(const HistoryOptions& options) {
@@ -158,18 +158,17 @@ HistoryContents HistoryRing::Read() const {
       continue;
     }
     HistoryEvent e;
-    const std::uint8_t action = slot.action.load(std::memory_order_relaxed);
-    e.address = slot.address.load(std::memory_order_relaxed);
-    e.size = slot.size.load(std::memory_order_relaxed);
-    e.stream = slot.stream.load(std::memory_order_relaxed);
-    e.pool_id = slot.pool_id.load(std::memory_order_relaxed);
-    const std::uint64_t ticks = slot.ticks.load(std::memory_order_relaxed);
-    const std::uint32_t annotation = slot.annotation.load(std::memory_order_relaxed);
-    const int depth = std::min<int>(slot.depth.load(std::memory_order_relaxed), kMaxHistoryFrames);
+    const std::uint8_t action = slot.action.load(std::memory_order_acquire);
+    e.address = slot.address.load(std::memory_order_acquire);
+    e.size = slot.size.load(std::memory_order_acquire);
+    e.stream = slot.stream.load(std::memory_order_acquire);
+    e.pool_id = slot.pool_id.load(std::memory_order_acquire);
+    const std::uint64_t ticks = slot.ticks.load(std::memory_order_acquire);
+    const std::uint32_t annotation = slot.annotation.load(std::memory_order_acquire);
+    const int depth = std::min<int>(slot.depth.load(std::memory_order_acquire), kMaxHistoryFrames);
     for (int i = 0; buffer->stacks && i < depth; ++i) {
-      pcs[i] = buffer->frames[index * kMaxHistoryFrames + i].load(std::memory_order_relaxed);
+      pcs[i] = buffer->frames[index * kMaxHistoryFrames + i].load(std::memory_order_acquire);
     }
-    std::atomic_thread_fence(std::memory_order_acquire);
     if (slot.seq.load(std::memory_order_relaxed) != seq || action >= kNumHistoryActions) {
       ++out.skipped;
       continue;
