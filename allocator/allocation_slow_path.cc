@@ -1,5 +1,5 @@
 // The slow path: new segments, releasing the cache under pressure, garbage collection and the
-// out-of-memory report. Driver calls happen here, always with the lock released.
+// out-of-memory report. Driver calls happen here, always with every lock released.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -9,19 +9,20 @@
 
 namespace graphalloc {
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(std::size_t size, std::size_t requested,
-                                                         Stream stream) {
-  // Another thread may have freed a fitting block since the fast path looked: each step below retries the
-  // cache before asking the device for more.
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std::size_t size,
+                                                         std::size_t requested) {
+  // Another thread may have freed a fitting block since the fast path looked, and the quick cache may hold
+  // blocks that merge into one that fits: each step below retries the cache before asking for more.
   auto from_cache = [&]() -> DevicePtr {
-    absl::MutexLock lock(&mu_);
-    BlockPool& pool = PoolFor(size);
-    Block* block = TakeFreeBlock(pool, stream, size);
-    return block != nullptr ? FinishAllocation(pool, block, size, requested) : 0;
+    SpinLockHolder lock(&shard.mu);
+    FlushQuickCache(shard);
+    BlockPool& pool = shard.PoolFor(size);
+    Block* block = TakeFreeBlock(shard, pool, size);
+    return block != nullptr ? FinishAllocation(shard, pool, block, size, requested) : 0;
   };
   auto new_segment = [&]() -> absl::StatusOr<DevicePtr> {
     if (DevicePtr p = from_cache()) return p;
-    return AllocateSegment(size, requested, stream);
+    return AllocateSegment(shard, size, requested);
   };
 
   if (config_.garbage_collection_threshold > 0.0) {
@@ -45,72 +46,78 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(std::size_t size, std::
   absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0);
   if (!freed.ok()) return freed.status();
   {
-    absl::MutexLock lock(&mu_);
-    ++stats_.num_alloc_retries;
+    MutexLock lock(&device_mu_);
+    ++device_stats_.num_alloc_retries;
   }
   result = new_segment();
   if (!result.ok() || *result != 0) return result;
-  return OutOfMemory(size, stream);
+  return OutOfMemory(size, shard.stream);
 }
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(std::size_t size, std::size_t requested,
-                                                            Stream stream) {
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, std::size_t size,
+                                                            std::size_t requested) {
   const std::size_t segment_size = SegmentSizeFor(size, config_);
   {
-    absl::MutexLock lock(&mu_);
-    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+    MutexLock lock(&device_mu_);
+    const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
     if (memory_limit_ != 0 && reserved + reserved_in_flight_ + segment_size > memory_limit_)
       return DevicePtr{0};
     reserved_in_flight_ += segment_size;
   }
   absl::StatusOr<DevicePtr> base = driver_->MemAlloc(segment_size);
-  absl::MutexLock lock(&mu_);
-  reserved_in_flight_ -= segment_size;
-  if (!base.ok()) {
-    if (absl::IsResourceExhausted(base.status())) return DevicePtr{0};
-    return base.status();
-  }
-  BlockPool& pool = PoolFor(size);
+  SpinLockHolder shard_lock(&shard.mu);
+  BlockPool& pool = shard.PoolFor(size);
   auto* segment = new Segment;
-  segment->base = *base;
-  segment->size = segment_size;
-  segment->stream = stream;
-  segment->pool = &pool;
-  Block* block = arena_.New();
+  {
+    MutexLock lock(&device_mu_);
+    reserved_in_flight_ -= segment_size;
+    if (!base.ok()) {
+      delete segment;
+      if (absl::IsResourceExhausted(base.status())) return DevicePtr{0};
+      return base.status();
+    }
+    segment->base = *base;
+    segment->size = segment_size;
+    segment->stream = shard.stream;
+    segment->shard = &shard;
+    segment->pool = &pool;
+    LinkSegment(segment);
+    ++device_stats_.num_device_alloc;
+  }
+  Block* block = shard.arena.New();
   block->ptr = *base;
   block->size = segment_size;
-  block->stream = stream;
+  block->stream = shard.stream;
   block->segment = segment;
   segment->head = block;
-  LinkSegment(segment);
-  ++stats_.num_device_alloc;
   // The new block is active from birth: FinishAllocation accounts for it as a taken free block.
-  return FinishAllocation(pool, block, size, requested);
+  return FinishAllocation(shard, pool, block, size, requested);
 }
 
 void CachingAllocator::LinkSegment(Segment* segment) {
   const bool small = segment->pool->is_small;
   segments_.emplace(segment->base, segment);
-  stats_.segment.Increase(small, 1);
-  stats_.reserved_bytes.Increase(small, static_cast<std::int64_t>(segment->size));
-  if (segment->size >= config_.max_split_size) stats_.oversize_segments.Increase(small, 1);
+  device_stats_.segment.Increase(small, 1);
+  device_stats_.reserved_bytes.Increase(small, static_cast<std::int64_t>(segment->size));
+  if (segment->size >= config_.max_split_size) device_stats_.oversize_segments.Increase(small, 1);
 }
 
 void CachingAllocator::UnlinkSegment(Segment* segment) {
   const bool small = segment->pool->is_small;
   segments_.erase(segment->base);
-  stats_.segment.Decrease(small, 1);
-  stats_.reserved_bytes.Decrease(small, static_cast<std::int64_t>(segment->size));
-  if (segment->size >= config_.max_split_size) stats_.oversize_segments.Decrease(small, 1);
+  device_stats_.segment.Decrease(small, 1);
+  device_stats_.reserved_bytes.Decrease(small, static_cast<std::int64_t>(segment->size));
+  if (segment->size >= config_.max_split_size) device_stats_.oversize_segments.Decrease(small, 1);
 }
 
-absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(bool only_oversize, std::size_t wanted) {
-  std::vector<Segment*> victims;
-  std::size_t freed = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    std::vector<Block*> candidates;
-    for (BlockPool* pool : {&large_pool_, &small_pool_}) {
+absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(bool only_oversize, std::size_t wanted)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Candidates from every shard, chosen with all of them locked so that the choice is coherent.
+  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
+  std::vector<Block*> candidates;
+  ForEachShard([&](StreamShard* shard) {
+    FlushQuickCache(*shard);
+    for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
       if (only_oversize && pool->is_small) continue;
       for (const FreeKey& key : pool->blocks) {
         Block* b = key.block;
@@ -119,113 +126,132 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(bool only_ov
         candidates.push_back(b);
       }
     }
-    if (only_oversize) {
-      // One block that covers the need if there is one (the smallest such), else the largest first.
-      std::sort(candidates.begin(), candidates.end(), [](Block* a, Block* b) { return a->size < b->size; });
-      auto fit =
-          std::find_if(candidates.begin(), candidates.end(), [&](Block* b) { return b->size >= wanted; });
-      if (fit != candidates.end()) {
-        candidates = {*fit};
-      } else {
-        std::reverse(candidates.begin(), candidates.end());
-        std::size_t total = 0;
-        std::size_t n = 0;
-        while (n < candidates.size() && total < wanted) total += candidates[n++]->size;
-        if (total < wanted) return std::size_t{0};
-        candidates.resize(n);
-      }
+  });
+  bool enough = true;
+  if (only_oversize) {
+    // One block that covers the need if there is one (the smallest such), else the largest first.
+    std::sort(candidates.begin(), candidates.end(), [](Block* a, Block* b) { return a->size < b->size; });
+    auto fit =
+        std::find_if(candidates.begin(), candidates.end(), [&](Block* b) { return b->size >= wanted; });
+    if (fit != candidates.end()) {
+      candidates = {*fit};
+    } else {
+      std::reverse(candidates.begin(), candidates.end());
+      std::size_t total = 0;
+      std::size_t n = 0;
+      while (n < candidates.size() && total < wanted) total += candidates[n++]->size;
+      enough = total >= wanted;
+      candidates.resize(n);
     }
+  }
+  std::vector<Segment*> victims;
+  std::size_t freed = 0;
+  if (enough) {
+    device_mu_.Lock();
     for (Block* b : candidates) {
       b->segment->pool->Erase(b);
+      ++b->segment->shard->blocks_in_release;
       UnlinkSegment(b->segment);
       victims.push_back(b->segment);
       freed += b->size;
     }
-    blocks_in_release_ += victims.size();
+    device_mu_.Unlock();
   }
+  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   return freed;
 }
 
 absl::Status CachingAllocator::ReleaseSegments(std::vector<Segment*> segments) {
   absl::Status first_error;
-  std::vector<Segment*> kept;
-  std::size_t released = 0;
+  std::int64_t released = 0;
   for (Segment* segment : segments) {
     absl::Status s = driver_->MemFree(segment->base);
+    StreamShard& shard = *segment->shard;
+    SpinLockHolder shard_lock(&shard.mu);
+    --shard.blocks_in_release;
     if (s.ok()) {
       ++released;
-      absl::MutexLock lock(&mu_);
-      arena_.Delete(segment->head);
-      --blocks_in_release_;
+      shard.arena.Delete(segment->head);
       delete segment;
-    } else {
-      if (first_error.ok()) first_error = s;
-      kept.push_back(segment);
+      continue;
     }
-  }
-  absl::MutexLock lock(&mu_);
-  stats_.num_device_free += static_cast<std::int64_t>(released);
-  // A segment the device refused to free stays cached, exactly as before.
-  for (Segment* segment : kept) {
-    --blocks_in_release_;
+    // A segment the device refused to free stays cached, exactly as before.
+    if (first_error.ok()) first_error = s;
+    MutexLock lock(&device_mu_);
     LinkSegment(segment);
     segment->pool->Insert(segment->head);
   }
+  MutexLock lock(&device_mu_);
+  device_stats_.num_device_free += released;
   return first_error;
 }
 
-absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() {
-  std::vector<Segment*> victims;
-  std::size_t freed = 0;
+absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  std::size_t target = 0;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&device_mu_);
     if (memory_limit_ == 0) return std::size_t{0};
-    const auto reserved = static_cast<double>(stats_.reserved_bytes.all().current);
+    const auto reserved = static_cast<double>(device_stats_.reserved_bytes.all().current);
     const double threshold = config_.garbage_collection_threshold * static_cast<double>(memory_limit_);
     if (reserved <= threshold) return std::size_t{0};
-    const auto target = static_cast<std::size_t>(reserved - threshold);
-    // Free the oldest unsplit large blocks first: those at least as old as the mean, repeatedly.
-    BlockPool& pool = large_pool_;
-    while (freed < target) {
-      std::vector<Block*> candidates;
-      double total_age = 0;
+    target = static_cast<std::size_t>(reserved - threshold);
+  }
+  // Free the oldest unsplit large blocks first: those at least as old as the mean, repeatedly.
+  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
+  std::vector<Segment*> victims;
+  std::size_t freed = 0;
+  while (freed < target) {
+    std::vector<Block*> candidates;
+    double total_age = 0;
+    ForEachShard([&](StreamShard* shard) {
+      FlushQuickCache(*shard);
+      const BlockPool& pool = shard->large_pool;
       for (const FreeKey& key : pool.blocks) {
         if (key.block->IsSplit()) continue;
         candidates.push_back(key.block);
         total_age += static_cast<double>(pool.free_block_lookups - key.block->gc_count_base);
       }
-      if (candidates.empty()) break;
-      const double mean_age = total_age / static_cast<double>(candidates.size());
-      std::size_t freed_now = 0;
-      for (Block* b : candidates) {
-        if (static_cast<double>(pool.free_block_lookups - b->gc_count_base) < mean_age) continue;
-        pool.Erase(b);
-        UnlinkSegment(b->segment);
-        victims.push_back(b->segment);
-        freed_now += b->size;
-      }
-      if (freed_now == 0) break;
-      freed += freed_now;
+    });
+    if (candidates.empty()) break;
+    const double mean_age = total_age / static_cast<double>(candidates.size());
+    std::size_t freed_now = 0;
+    device_mu_.Lock();
+    for (Block* b : candidates) {
+      BlockPool& pool = *b->segment->pool;
+      if (static_cast<double>(pool.free_block_lookups - b->gc_count_base) < mean_age) continue;
+      pool.Erase(b);
+      ++b->segment->shard->blocks_in_release;
+      UnlinkSegment(b->segment);
+      victims.push_back(b->segment);
+      freed_now += b->size;
     }
-    blocks_in_release_ += victims.size();
+    device_mu_.Unlock();
+    if (freed_now == 0) break;
+    freed += freed_now;
   }
+  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   return freed;
 }
 
 absl::Status CachingAllocator::OutOfMemory(std::size_t size, Stream stream) {
   absl::StatusOr<MemoryInfo> info = driver_->GetMemoryInfo();
-  absl::MutexLock lock(&mu_);
-  ++stats_.num_ooms;
-  const auto allocated = static_cast<std::size_t>(stats_.allocated_bytes.all().current);
-  const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.all().current);
+  const DeviceStats stats = GetStats();
+  std::size_t limit = 0;
+  {
+    MutexLock lock(&device_mu_);
+    ++device_stats_.num_ooms;
+    limit = memory_limit_;
+  }
+  const auto allocated = static_cast<std::size_t>(stats.allocated_bytes.all().current);
+  const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.all().current);
   std::string device = absl::StrFormat("device %d", driver_->Ordinal());
   if (info.ok()) {
     absl::StrAppend(&device, " has ", FormatBytes(info->total), " total, ", FormatBytes(info->free), " free");
   }
-  std::string limit;
-  if (memory_limit_ != 0) limit = absl::StrCat("; this allocator is capped at ", FormatBytes(memory_limit_));
+  std::string limit_text;
+  if (limit != 0) limit_text = absl::StrCat("; this allocator is capped at ", FormatBytes(limit));
   const std::string hint = config_.expandable_segments
                                ? "free memory held elsewhere, lower the batch size, or raise the memory cap"
                                : "if cached memory is large, set GRAPHALLOC_CONF=expandable_segments:True to "
@@ -234,7 +260,7 @@ absl::Status CachingAllocator::OutOfMemory(std::size_t size, Stream stream) {
       "out of memory: tried to allocate %s (a new segment of %s) on stream 0x%x; %s%s; %s allocated by "
       "graphalloc, %s reserved but unallocated (cached); %s",
       FormatBytes(size), FormatBytes(SegmentSizeFor(size, config_)), static_cast<std::uintptr_t>(stream),
-      device, limit, FormatBytes(allocated), FormatBytes(reserved - allocated), hint));
+      device, limit_text, FormatBytes(allocated), FormatBytes(reserved - allocated), hint));
 }
 
 absl::Status CachingAllocator::EmptyCache() {

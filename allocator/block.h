@@ -19,6 +19,7 @@ namespace graphalloc {
 
 struct BlockPool;
 struct Segment;
+struct StreamShard;
 
 struct Block {
   DevicePtr ptr = 0;
@@ -29,11 +30,14 @@ struct Block {
   Block* prev = nullptr;  // address-ordered neighbours within the segment
   Block* next = nullptr;
   bool allocated = false;
-  bool mapped = true;    // false only for unmapped address ranges of an expandable segment
-  bool freeing = false;  // Free() is recording its stream events with the lock released
-  int event_count = 0;   // stream events still to complete before the block may be reused
+  bool mapped = true;     // false only for unmapped address ranges of an expandable segment
+  bool freeing = false;   // Free() is recording its stream events with the lock released
+  bool in_quick = false;  // free, and parked in its shard's QuickCache rather than the free index
+  int event_count = 0;    // stream events still to complete before the block may be reused
   absl::InlinedVector<Stream, 1> stream_uses;  // other streams recorded with RecordStream
   std::uint64_t gc_count_base = 0;             // pool clock when the block became free (GC age)
+  Block* quick_prev = nullptr;                 // QuickCache slot list links
+  Block* quick_next = nullptr;
 
   bool IsSplit() const { return prev != nullptr || next != nullptr; }
   // Back to a default-constructed state without reassigning stream_uses (whose inline storage GCC 12
@@ -44,7 +48,8 @@ struct Block {
     stream = kDefaultStream;
     segment = nullptr;
     prev = next = nullptr;
-    allocated = freeing = false;
+    allocated = freeing = in_quick = false;
+    quick_prev = quick_next = nullptr;
     mapped = true;
     event_count = 0;
     stream_uses.clear();
@@ -57,6 +62,7 @@ struct Segment {
   DevicePtr base = 0;
   std::size_t size = 0;
   Stream stream = kDefaultStream;
+  StreamShard* shard = nullptr;  // the shard of `stream`, which owns every block of the segment
   BlockPool* pool = nullptr;
   Block* head = nullptr;
   bool expandable = false;

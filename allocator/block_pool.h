@@ -1,11 +1,10 @@
 // A pool of free blocks of one size kind (small or large) of one memory pool (the device's default pool
-// or a private pool), indexed for best fit by (stream, size, address).
+// or a private pool) on one stream, indexed for best fit by (size, address).
 #ifndef GRAPHALLOC_ALLOCATOR_BLOCK_POOL_H_
 #define GRAPHALLOC_ALLOCATOR_BLOCK_POOL_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
 
 #include "absl/container/btree_set.h"
 #include "allocator/block.h"
@@ -15,29 +14,26 @@ namespace graphalloc {
 class PrivatePool;
 
 struct FreeKey {
-  Stream stream;
   std::size_t size;
   DevicePtr ptr;
   Block* block;
 
   friend bool operator<(const FreeKey& a, const FreeKey& b) {
-    return std::tie(a.stream, a.size, a.ptr) < std::tie(b.stream, b.size, b.ptr);
+    return a.size != b.size ? a.size < b.size : a.ptr < b.ptr;
   }
 };
 
 struct BlockPool {
   BlockPool(bool small, PrivatePool* owner) : is_small(small), owner(owner) {}
 
-  // Smallest free block of `stream` with size >= `size` (lowest address among equals), or end().
-  absl::btree_set<FreeKey>::iterator LowerBound(Stream stream, std::size_t size) {
-    auto it = blocks.lower_bound(FreeKey{stream, size, 0, nullptr});
-    if (it != blocks.end() && it->stream != stream) return blocks.end();
-    return it;
+  // Smallest free block with size >= `size` (lowest address among equals), or end().
+  absl::btree_set<FreeKey>::iterator LowerBound(std::size_t size) {
+    return blocks.lower_bound(FreeKey{size, 0, nullptr});
   }
-  void Insert(Block* b) { blocks.insert(FreeKey{b->stream, b->size, b->ptr, b}); }
-  void Erase(Block* b) { blocks.erase(FreeKey{b->stream, b->size, b->ptr, b}); }
+  void Insert(Block* b) { blocks.insert(FreeKey{b->size, b->ptr, b}); }
+  void Erase(Block* b) { blocks.erase(FreeKey{b->size, b->ptr, b}); }
   bool Contains(const Block* b) const {
-    return blocks.contains(FreeKey{b->stream, b->size, b->ptr, const_cast<Block*>(b)});
+    return blocks.contains(FreeKey{b->size, b->ptr, const_cast<Block*>(b)});
   }
 
   const bool is_small;

@@ -1,4 +1,5 @@
-// The hot path: allocate from and free into the cache, plus the small public operations.
+// The hot path: find the stream's shard, allocate from and free into its cache; plus the small public
+// operations.
 #include "allocator/caching_allocator.h"
 
 #include <algorithm>
@@ -8,6 +9,25 @@
 #include "allocator/size_policy.h"
 
 namespace graphalloc {
+namespace {
+
+std::atomic<std::uint64_t> next_allocator_id{1};
+
+// The shard this thread used last, so that the common case (one thread, one stream) finds its shard and
+// the owner of a pointer it frees without searching.
+struct ShardCache {
+  std::uint64_t allocator_id = 0;
+  Stream stream = kDefaultStream;
+  StreamShard* shard = nullptr;
+};
+thread_local ShardCache tls_shard;
+
+bool Mergeable(const Block* dst, const Block* src) {
+  return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
+         src->mapped == dst->mapped;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::shared_ptr<Driver> driver,
                                                                            Config config) {
@@ -20,36 +40,55 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::
 }
 
 CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config)
-    : driver_(std::move(driver)), config_(config) {
-  absl::MutexLock lock(&mu_);
-  stats_.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
-                              ? -1
-                              : static_cast<std::int64_t>(config_.max_split_size);
+    : driver_(std::move(driver)), config_(config), id_(next_allocator_id.fetch_add(1)) {
+  MutexLock lock(&device_mu_);
+  device_stats_.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
+                                     ? -1
+                                     : static_cast<std::int64_t>(config_.max_split_size);
 }
 
-CachingAllocator::~CachingAllocator() {
+CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Teardown is best effort: the device may already be gone, and there is no one to report to.
   std::vector<Event> events;
-  std::vector<Segment*> segments;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [stream, queue] : pending_events_) {
+  ForEachShard([&](StreamShard* shard) {
+    for (auto& [stream, queue] : shard->pending_events) {
       for (const PendingEvent& p : queue) events.push_back(p.event);
     }
-    pending_events_.clear();
-    events.insert(events.end(), idle_events_.begin(), idle_events_.end());
-    idle_events_.clear();
-    for (auto& [base, segment] : segments_) segments.push_back(segment);
-    segments_.clear();
-  }
+    events.insert(events.end(), shard->idle_events.begin(), shard->idle_events.end());
+  });
   for (Event e : events) {
     (void)driver_->EventSynchronize(e);
     (void)driver_->EventDestroy(e);
   }
-  for (Segment* segment : segments) {
+  for (auto& [base, segment] : segments_) {
     (void)driver_->MemFree(segment->base);
     delete segment;
   }
+  ForEachShard([](StreamShard* shard) { delete shard; });
+}
+
+StreamShard* CachingAllocator::ShardFor(Stream stream) {
+  ShardCache& cache = tls_shard;
+  if (cache.allocator_id == id_ && cache.stream == stream) return cache.shard;
+  StreamShard* found = nullptr;
+  ForEachShard([&](StreamShard* s) {
+    if (found == nullptr && s->stream == stream) found = s;
+  });
+  if (found == nullptr) {
+    MutexLock lock(&device_mu_);
+    ForEachShard([&](StreamShard* s) {
+      if (found == nullptr && s->stream == stream) found = s;
+    });
+    if (found == nullptr) {
+      const std::size_t n = shard_count_.load(std::memory_order_relaxed);
+      if (n == kMaxStreams) return nullptr;
+      found = new StreamShard(stream);
+      shards_[n].store(found, std::memory_order_release);
+      shard_count_.store(n + 1, std::memory_order_release);
+    }
+  }
+  cache = ShardCache{id_, stream, found};
+  return found;
 }
 
 absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream stream) {
@@ -58,21 +97,36 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
     return absl::ResourceExhaustedError(absl::StrFormat(
         "out of memory: tried to allocate %d bytes, more than 1 EiB; no device has that much memory", bytes));
   }
-  if (pending_event_count_.load(std::memory_order_relaxed) > 0) ProcessEvents();
+  StreamShard* shard = ShardFor(stream);
+  if (shard == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "Allocate on stream 0x%x: this allocator already serves %d streams, its maximum; reuse streams "
+        "(a stream pool) instead of creating one per operation",
+        static_cast<std::uintptr_t>(stream), kMaxStreams));
+  }
+  if (shard->pending_event_count.load(std::memory_order_relaxed) > 0) ProcessEvents(*shard);
   const std::size_t size = RoundSize(bytes, config_);
   {
-    absl::MutexLock lock(&mu_);
-    BlockPool& pool = PoolFor(size);
-    if (Block* block = TakeFreeBlock(pool, stream, size)) return FinishAllocation(pool, block, size, bytes);
+    SpinLockHolder lock(&shard->mu);
+    BlockPool& pool = shard->PoolFor(size);
+    Block* block = shard->quick.Pop(size, &pool);
+    if (block != nullptr) {
+      AccountRunChange(*shard, block, /*joining=*/false);
+      return FinishQuickHit(*shard, pool, block, bytes);
+    }
+    {
+      // Best fit must see every free block: parked ones of other sizes go back to the index first.
+      FlushQuickCache(*shard);
+      block = TakeFreeBlock(*shard, pool, size);
+    }
+    if (block != nullptr) return FinishAllocation(*shard, pool, block, size, bytes);
   }
-  return AllocateSlow(size, bytes, stream);
+  return AllocateSlow(*shard, size, bytes);
 }
 
-BlockPool& CachingAllocator::PoolFor(std::size_t size) { return IsSmall(size) ? small_pool_ : large_pool_; }
-
-Block* CachingAllocator::TakeFreeBlock(BlockPool& pool, Stream stream, std::size_t size) {
+Block* CachingAllocator::TakeFreeBlock(StreamShard& /*shard*/, BlockPool& pool, std::size_t size) {
   ++pool.free_block_lookups;
-  auto it = pool.LowerBound(stream, size);
+  auto it = pool.LowerBound(size);
   if (it == pool.blocks.end()) return nullptr;
   Block* block = it->block;
   // Oversize blocks serve only oversize requests, and those only when the waste stays bounded.
@@ -84,8 +138,8 @@ Block* CachingAllocator::TakeFreeBlock(BlockPool& pool, Stream stream, std::size
   return block;
 }
 
-DevicePtr CachingAllocator::FinishAllocation(BlockPool& pool, Block* block, std::size_t size,
-                                             std::size_t requested) {
+DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block,
+                                             std::size_t size, std::size_t requested) {
   const bool small = pool.is_small;
   const std::size_t remaining = block->size - size;
   // Large blocks keep remainders of up to 1 MiB (internal fragmentation beats unusable slivers);
@@ -93,8 +147,9 @@ DevicePtr CachingAllocator::FinishAllocation(BlockPool& pool, Block* block, std:
   const bool split =
       small ? remaining >= kMinBlockSize : (size < config_.max_split_size && remaining > kSmallSize);
   const bool was_split = block->IsSplit();
+  DeviceStats& stats = shard.stats;
   if (split) {
-    Block* rest = arena_.New();
+    Block* rest = shard.arena.New();
     rest->ptr = block->ptr + size;
     rest->size = remaining;
     rest->stream = block->stream;
@@ -107,71 +162,125 @@ DevicePtr CachingAllocator::FinishAllocation(BlockPool& pool, Block* block, std:
     rest->gc_count_base = pool.free_block_lookups;
     pool.Insert(rest);
     if (was_split) {
-      stats_.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(size));
+      stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(size));
     } else {
-      stats_.inactive_split.Increase(small, 1);
-      stats_.inactive_split_bytes.Increase(small, static_cast<std::int64_t>(remaining));
+      stats.inactive_split.Increase(small, 1);
+      stats.inactive_split_bytes.Increase(small, static_cast<std::int64_t>(remaining));
     }
   } else if (was_split) {
-    stats_.inactive_split.Decrease(small, 1);
-    stats_.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
+    stats.inactive_split.Decrease(small, 1);
+    stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
   }
   block->allocated = true;
   block->requested_size = requested;
-  allocated_.emplace(block->ptr, block);
-  UpdateAllocationStats(block, small, +1);
-  stats_.active.Increase(small, 1);
-  stats_.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
+  shard.allocated.emplace(block->ptr, block);
+  UpdateAllocationStats(shard, block, small, +1);
+  stats.active.Increase(small, 1);
+  stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
   return block->ptr;
 }
 
-void CachingAllocator::UpdateAllocationStats(const Block* block, bool small, int sign) {
+DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block,
+                                           std::size_t requested) {
+  const bool small = pool.is_small;
+  block->allocated = true;
+  block->requested_size = requested;
+  shard.allocated.emplace(block->ptr, block);
+  UpdateAllocationStats(shard, block, small, +1);
+  shard.stats.active.Increase(small, 1);
+  shard.stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
+  return block->ptr;
+}
+
+void CachingAllocator::UpdateAllocationStats(StreamShard& shard, const Block* block, bool small, int sign) {
+  DeviceStats& stats = shard.stats;
   const auto bytes = static_cast<std::int64_t>(block->size);
   const auto requested = static_cast<std::int64_t>(block->requested_size);
   const bool oversize = block->size >= config_.max_split_size;
   if (sign > 0) {
-    stats_.allocation.Increase(small, 1);
-    stats_.allocated_bytes.Increase(small, bytes);
-    stats_.requested_bytes.Increase(small, requested);
-    if (oversize) stats_.oversize_allocations.Increase(small, 1);
+    stats.allocation.Increase(small, 1);
+    stats.allocated_bytes.Increase(small, bytes);
+    stats.requested_bytes.Increase(small, requested);
+    if (oversize) stats.oversize_allocations.Increase(small, 1);
   } else {
-    stats_.allocation.Decrease(small, 1);
-    stats_.allocated_bytes.Decrease(small, bytes);
-    stats_.requested_bytes.Decrease(small, requested);
-    if (oversize) stats_.oversize_allocations.Decrease(small, 1);
+    stats.allocation.Decrease(small, 1);
+    stats.allocated_bytes.Decrease(small, bytes);
+    stats.requested_bytes.Decrease(small, requested);
+    if (oversize) stats.oversize_allocations.Decrease(small, 1);
   }
 }
 
-absl::Status CachingAllocator::Free(DevicePtr ptr) {
+StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
+  auto try_shard = [&](StreamShard* shard) {
+    shard->mu.Lock();
+    auto it = shard->allocated.find(ptr);
+    if (it != shard->allocated.end()) {
+      *block = it->second;
+      return true;
+    }
+    shard->mu.Unlock();
+    return false;
+  };
+  StreamShard* guess = tls_shard.allocator_id == id_ ? tls_shard.shard : nullptr;
+  if (guess != nullptr && try_shard(guess)) return guess;
+  StreamShard* owner = nullptr;
+  ForEachShard([&](StreamShard* shard) {
+    if (owner == nullptr && shard != guess && try_shard(shard)) owner = shard;
+  });
+  return owner;
+}
+
+absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (ptr == 0) return absl::OkStatus();
   Block* block = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = allocated_.find(ptr);
-    if (it == allocated_.end() || it->second->freeing) return UnknownPointerError("Free", ptr);
-    block = it->second;
-    if (block->stream_uses.empty()) {
-      allocated_.erase(it);
-      block->allocated = false;
-      const bool small = block->segment->pool->is_small;
-      UpdateAllocationStats(block, small, -1);
-      block->requested_size = 0;
-      ReleaseToPool(block);
-      return absl::OkStatus();
-    }
+  StreamShard* shard = LockOwnerOf(ptr, &block);
+  if (shard == nullptr) return UnknownPointerError("Free", ptr);
+  if (block->freeing) {
+    shard->mu.Unlock();
+    return UnknownPointerError("Free", ptr);
   }
-  return FreeWithStreamUses(ptr, block);
+  if (block->stream_uses.empty()) {
+    shard->allocated.erase(ptr);
+    block->allocated = false;
+    UpdateAllocationStats(*shard, block, block->segment->pool->is_small, -1);
+    block->requested_size = 0;
+    ReleaseBlock(*shard, block);
+    shard->mu.Unlock();
+    return absl::OkStatus();
+  }
+  // Marked at once, so that a concurrent second Free of the same pointer is refused.
+  block->freeing = true;
+  shard->mu.Unlock();
+  return FreeWithStreamUses(*shard, ptr, block);
 }
 
-void CachingAllocator::ReleaseToPool(Block* block) {
+void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
+  const bool small = block->segment->pool->is_small;
+  shard.stats.active.Decrease(small, 1);
+  shard.stats.active_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
+  InsertFree(shard, block);
+}
+
+void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
   BlockPool& pool = *block->segment->pool;
+  block->gc_count_base = pool.free_block_lookups;
+  if (shard.quick.Push(block, &pool)) {
+    // Parked without merging; statistics count its free run as if it were merged (see FreeRun).
+    AccountRunChange(shard, block, /*joining=*/true);
+    return;
+  }
+  // Merging must see neighbours as they would be: parked blocks merge first. `block` is in neither free
+  // list yet, so it is held out of that flush (as if still allocated) and merges below, with the stats.
+  block->allocated = true;
+  FlushQuickCache(shard);
+  block->allocated = false;
   const bool small = pool.is_small;
-  const auto original_size = static_cast<std::int64_t>(block->size);
+  DeviceStats& stats = shard.stats;
   std::int64_t split_blocks_delta = 0;
   std::int64_t split_bytes_delta = 0;
   for (Block* neighbour : {block->prev, block->next}) {
     const std::size_t absorbed = neighbour != nullptr ? neighbour->size : 0;
-    if (TryMerge(block, neighbour, pool)) {
+    if (TryMerge(shard, block, neighbour, pool)) {
       split_blocks_delta -= 1;
       split_bytes_delta -= static_cast<std::int64_t>(absorbed);
     }
@@ -180,22 +289,44 @@ void CachingAllocator::ReleaseToPool(Block* block) {
     split_blocks_delta += 1;
     split_bytes_delta += static_cast<std::int64_t>(block->size);
   }
-  if (split_blocks_delta > 0) stats_.inactive_split.Increase(small, split_blocks_delta);
-  if (split_blocks_delta < 0) stats_.inactive_split.Decrease(small, -split_blocks_delta);
-  if (split_bytes_delta > 0) stats_.inactive_split_bytes.Increase(small, split_bytes_delta);
-  if (split_bytes_delta < 0) stats_.inactive_split_bytes.Decrease(small, -split_bytes_delta);
-  stats_.active.Decrease(small, 1);
-  stats_.active_bytes.Decrease(small, original_size);
-  block->gc_count_base = pool.free_block_lookups;
+  if (split_blocks_delta > 0) stats.inactive_split.Increase(small, split_blocks_delta);
+  if (split_blocks_delta < 0) stats.inactive_split.Decrease(small, -split_blocks_delta);
+  if (split_bytes_delta > 0) stats.inactive_split_bytes.Increase(small, split_bytes_delta);
+  if (split_bytes_delta < 0) stats.inactive_split_bytes.Decrease(small, -split_bytes_delta);
   pool.Insert(block);
 }
 
-bool CachingAllocator::TryMerge(Block* dst, Block* src, BlockPool& pool) {
-  if (src == nullptr || src->allocated || src->event_count > 0 || !src->stream_uses.empty() ||
-      src->mapped != dst->mapped) {
-    return false;
+void CachingAllocator::AccountRunChange(StreamShard& shard, Block* block, bool joining) {
+  // The free neighbours on each side form runs that coalescing would merge with `block`; a run counts as
+  // one inactive split block unless it covers its whole segment.
+  std::size_t left_bytes = 0, right_bytes = 0;
+  const Block* p = block->prev;
+  for (; p != nullptr && Mergeable(block, p); p = p->prev) left_bytes += p->size;
+  const Block* n = block->next;
+  for (; n != nullptr && Mergeable(block, n); n = n->next) right_bytes += n->size;
+  const bool whole_segment = p == nullptr && n == nullptr;
+  const std::int64_t apart_blocks = (left_bytes > 0 ? 1 : 0) + (right_bytes > 0 ? 1 : 0);
+  const auto apart_bytes = static_cast<std::int64_t>(left_bytes + right_bytes);
+  const std::int64_t joined_blocks = whole_segment ? 0 : 1;
+  const auto joined_bytes =
+      whole_segment ? 0 : static_cast<std::int64_t>(left_bytes + block->size + right_bytes);
+  const std::int64_t blocks_delta = joining ? joined_blocks - apart_blocks : apart_blocks - joined_blocks;
+  const std::int64_t bytes_delta = joining ? joined_bytes - apart_bytes : apart_bytes - joined_bytes;
+  const bool small = block->segment->pool->is_small;
+  DeviceStats& stats = shard.stats;
+  if (blocks_delta > 0) stats.inactive_split.Increase(small, blocks_delta);
+  if (blocks_delta < 0) stats.inactive_split.Decrease(small, -blocks_delta);
+  if (bytes_delta > 0) stats.inactive_split_bytes.Increase(small, bytes_delta);
+  if (bytes_delta < 0) stats.inactive_split_bytes.Decrease(small, -bytes_delta);
+}
+
+bool CachingAllocator::TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool) {
+  if (!Mergeable(dst, src)) return false;
+  if (src->in_quick) {
+    shard.quick.Remove(src);
+  } else {
+    pool.Erase(src);
   }
-  pool.Erase(src);
   if (dst->prev == src) {
     dst->ptr = src->ptr;
     dst->prev = src->prev;
@@ -206,66 +337,103 @@ bool CachingAllocator::TryMerge(Block* dst, Block* src, BlockPool& pool) {
     if (dst->next != nullptr) dst->next->prev = dst;
   }
   dst->size += src->size;
-  arena_.Delete(src);
+  shard.arena.Delete(src);
   return true;
 }
 
-absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) {
-  absl::MutexLock lock(&mu_);
-  auto it = allocated_.find(ptr);
-  if (it == allocated_.end()) return UnknownPointerError("RecordStream", ptr);
-  Block* block = it->second;
-  if (stream == block->stream) return absl::OkStatus();
-  if (std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end()) {
+void CachingAllocator::FlushQuickCache(StreamShard& shard) {
+  // Statistics already count parked blocks as merged with their free neighbours: merging them now changes
+  // the layout, not the numbers.
+  shard.quick.Drain([&](Block* b) {
+    BlockPool& pool = *b->segment->pool;
+    // A run may alternate parked and indexed blocks: absorb neighbours until none is free.
+    while (TryMerge(shard, b, b->prev, pool)) {
+    }
+    while (TryMerge(shard, b, b->next, pool)) {
+    }
+    pool.Insert(b);
+  });
+}
+
+absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Block* block = nullptr;
+  StreamShard* shard = LockOwnerOf(ptr, &block);
+  if (shard == nullptr) return UnknownPointerError("RecordStream", ptr);
+  if (stream != block->stream && !block->freeing &&
+      std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end()) {
     block->stream_uses.push_back(stream);
   }
+  shard->mu.Unlock();
   return absl::OkStatus();
 }
 
-Segment* CachingAllocator::SegmentContaining(DevicePtr ptr) const {
+absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
+                                                   DevicePtr ptr) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // The error path may look at every shard: lock them all, in the lock order.
+  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
+  device_mu_.Lock();
+  std::string message;
   auto it = segments_.upper_bound(ptr);
-  if (it == segments_.begin()) return nullptr;
-  --it;
-  Segment* segment = it->second;
-  return ptr < segment->base + segment->size ? segment : nullptr;
-}
-
-absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation, DevicePtr ptr) const {
-  if (Segment* segment = SegmentContaining(ptr)) {
-    for (Block* b = segment->head; b != nullptr; b = b->next) {
-      if (b->ptr == ptr && !b->allocated) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s(0x%x): double free: the block at this address is not allocated (it was freed already); "
-            "every other allocation is unchanged",
-            operation, ptr));
-      }
-      if (ptr > b->ptr && ptr < b->end()) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s(0x%x): pointer is inside the %s block at 0x%x (%d bytes), not its start; pass the address "
-            "Allocate() returned",
-            operation, ptr, b->allocated ? "allocated" : "free", b->ptr, b->size));
+  if (it != segments_.begin()) {
+    const Segment* segment = std::prev(it)->second;
+    if (ptr < segment->base + segment->size) {
+      for (const Block* b = segment->head; b != nullptr && message.empty(); b = b->next) {
+        if (b->ptr == ptr && !b->allocated) {
+          message = absl::StrFormat(
+              "%s(0x%x): double free: the block at this address is not allocated (it was freed already); "
+              "every other allocation is unchanged",
+              operation, ptr);
+        } else if (b->ptr == ptr && b->freeing) {
+          message = absl::StrFormat("%s(0x%x): double free: another Free() of this block is in progress",
+                                    operation, ptr);
+        } else if (ptr > b->ptr && ptr < b->end()) {
+          message = absl::StrFormat(
+              "%s(0x%x): pointer is inside the %s block at 0x%x (%d bytes), not its start; pass the address "
+              "Allocate() returned",
+              operation, ptr, b->allocated ? "allocated" : "free", b->ptr, b->size);
+        }
       }
     }
   }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "%s(0x%x): unknown pointer: it was not returned by this allocator (device %d); every other allocation "
-      "is unchanged",
-      operation, ptr, driver_->Ordinal()));
+  device_mu_.Unlock();
+  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  if (message.empty()) {
+    message = absl::StrFormat(
+        "%s(0x%x): unknown pointer: it was not returned by this allocator (device %d); every other "
+        "allocation "
+        "is unchanged",
+        operation, ptr, driver_->Ordinal());
+  }
+  return absl::InvalidArgumentError(message);
 }
 
-DeviceStats CachingAllocator::GetStats() const {
-  absl::MutexLock lock(&mu_);
-  return stats_;
+DeviceStats CachingAllocator::GetStats() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  DeviceStats out;
+  ForEachShard([&](StreamShard* shard) {
+    SpinLockHolder lock(&shard->mu);
+    AddBlockStats(out, shard->stats);
+  });
+  MutexLock lock(&device_mu_);
+  CopySegmentStats(out, device_stats_);
+  return out;
 }
 
-void CachingAllocator::ResetPeakStats() {
-  absl::MutexLock lock(&mu_);
-  stats_.ResetPeak();
+void CachingAllocator::ResetPeakStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  ForEachShard([](StreamShard* shard) {
+    SpinLockHolder lock(&shard->mu);
+    shard->stats.ResetPeak();
+  });
+  MutexLock lock(&device_mu_);
+  device_stats_.ResetPeak();
 }
 
-void CachingAllocator::ResetAccumulatedStats() {
-  absl::MutexLock lock(&mu_);
-  stats_.ResetAccumulated();
+void CachingAllocator::ResetAccumulatedStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  ForEachShard([](StreamShard* shard) {
+    SpinLockHolder lock(&shard->mu);
+    shard->stats.ResetAccumulated();
+  });
+  MutexLock lock(&device_mu_);
+  device_stats_.ResetAccumulated();
 }
 
 absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
@@ -273,7 +441,7 @@ absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
     return absl::InvalidArgumentError(
         absl::StrCat("SetMemoryFraction: fraction must be in [0, 1], got ", fraction));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&device_mu_);
   memory_fraction_ = fraction;
   memory_limit_ =
       fraction >= 1.0
@@ -285,12 +453,12 @@ absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
 }
 
 double CachingAllocator::GetMemoryFraction() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&device_mu_);
   return memory_fraction_;
 }
 
 void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&device_mu_);
   memory_limit_ = bytes;
   memory_fraction_ =
       bytes == 0 ? 1.0 : static_cast<double>(bytes) / static_cast<double>(driver_->Info().total_memory);

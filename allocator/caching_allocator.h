@@ -6,28 +6,32 @@
 // cache has nothing that fits; under pressure the cache is released and the request retried before an
 // out-of-memory error is returned.
 //
-// Thread-safe. The hot path (a cache hit) takes one lock once and allocates nothing on the heap in steady
-// state; no driver call is ever made while the lock is held.
+// Thread-safe, and built so that threads on different streams do not contend: each stream's blocks live
+// in their own StreamShard behind their own lock. A cache hit takes that one lock once, touches no other
+// shared state and allocates nothing on the heap in steady state; no driver call is ever made with a lock
+// held. Statistics of blocks are kept per stream and summed on read (peaks of those sums are exact with
+// one stream, and an upper bound, the sum of per-stream peaks, with several); segment statistics
+// (reserved bytes, segment counts) are exact device-wide.
 #ifndef GRAPHALLOC_ALLOCATOR_CACHING_ALLOCATOR_H_
 #define GRAPHALLOC_ALLOCATOR_CACHING_ALLOCATOR_H_
 
+#include <array>
 #include <atomic>
 #include <cstddef>
-#include <deque>
 #include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "allocator/block.h"
 #include "allocator/block_pool.h"
 #include "allocator/config.h"
 #include "allocator/device/driver.h"
+#include "allocator/mutex.h"
 #include "allocator/stats.h"
+#include "allocator/stream_shard.h"
 
 namespace graphalloc {
 
@@ -76,69 +80,82 @@ class CachingAllocator {
   Driver& driver() const { return *driver_; }
 
  private:
-  struct PendingEvent {
-    Event event;
-    Block* block;
-    std::uint64_t id;  // unique per record: events are recycled, so (event, block) can repeat
-  };
+  static constexpr std::size_t kMaxStreams = 1024;
 
   CachingAllocator(std::shared_ptr<Driver> driver, Config config);
 
-  // ---- Hot path helpers (caching_allocator.cc). ----
-  BlockPool& PoolFor(std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Block* TakeFreeBlock(BlockPool& pool, Stream stream, std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  DevicePtr FinishAllocation(BlockPool& pool, Block* block, std::size_t size, std::size_t requested)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReleaseToPool(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool TryMerge(Block* dst, Block* src, BlockPool& pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void UpdateAllocationStats(const Block* block, bool small, int sign) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- Shards (caching_allocator.cc). ----
+  // The shard of `stream`, created on first use; nullptr past kMaxStreams streams.
+  StreamShard* ShardFor(Stream stream);
+  // Runs f(shard) on each shard in creation order (the lock order), without locking it.
+  template <typename F>
+  void ForEachShard(F f) const {
+    const std::size_t n = shard_count_.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i) f(shards_[i].load(std::memory_order_acquire));
+  }
+
+  // ---- Hot path (caching_allocator.cc). ----
+  Block* TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  DevicePtr FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block, std::size_t size,
+                             std::size_t requested) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // A block that stopped being allocated (or waiting on events) goes back: merged into the index, or
+  // parked in the quick cache when merging would not change it.
+  void ReleaseBlock(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  void InsertFree(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // Statistics for `block` joining (parked) or leaving (taken from the quick cache) the run of free
+  // blocks around it, counted as coalescing would leave them.
+  void AccountRunChange(StreamShard& shard, Block* block, bool joining)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  DevicePtr FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block, std::size_t requested)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  bool TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  void FlushQuickCache(StreamShard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  void UpdateAllocationStats(StreamShard& shard, const Block* block, bool small, int sign)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  absl::Status FreeLocked(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
   // ---- Slow path (allocation_slow_path.cc). ----
-  absl::StatusOr<DevicePtr> AllocateSlow(std::size_t size, std::size_t requested, Stream stream);
+  absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, std::size_t size, std::size_t requested);
   // Allocates a new segment for `size` and hands out its first block; 0 when the device or the memory
   // limit has no room; an error for any other driver failure.
-  absl::StatusOr<DevicePtr> AllocateSegment(std::size_t size, std::size_t requested, Stream stream)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<DevicePtr> AllocateSegment(StreamShard& shard, std::size_t size, std::size_t requested);
   // Frees unsplit cached segments (all of them, or just enough oversize ones); returns bytes freed.
-  absl::StatusOr<std::size_t> ReleaseCachedSegments(bool only_oversize, std::size_t wanted)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status ReleaseSegments(std::vector<Segment*> segments) ABSL_LOCKS_EXCLUDED(mu_);
-  void UnlinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void LinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<std::size_t> GarbageCollect() ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status OutOfMemory(std::size_t size, Stream stream) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::size_t> ReleaseCachedSegments(bool only_oversize, std::size_t wanted);
+  absl::Status ReleaseSegments(std::vector<Segment*> segments);
+  void LinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
+  void UnlinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
+  absl::StatusOr<std::size_t> GarbageCollect();
+  absl::Status OutOfMemory(std::size_t size, Stream stream);
 
   // ---- Stream events (stream_events.cc). ----
-  absl::Status FreeWithStreamUses(DevicePtr ptr, Block* block) ABSL_LOCKS_EXCLUDED(mu_);
-  void ProcessEvents() ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status SynchronizeAndFreeEvents() ABSL_LOCKS_EXCLUDED(mu_);
-  void CompleteEvent(const PendingEvent& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block);
+  void ProcessEvents(StreamShard& shard);
+  absl::Status SynchronizeAndFreeEvents();
+  void CompleteEvent(StreamShard& shard, const PendingEvent& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
-  // ---- Lookup helpers. ----
-  Segment* SegmentContaining(DevicePtr ptr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status UnknownPointerError(absl::string_view operation, DevicePtr ptr) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ---- Lookup. ----
+  // The shard whose allocated map holds `ptr`, locked; nullptr (nothing locked) if none.
+  StreamShard* LockOwnerOf(DevicePtr ptr, Block** block) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status UnknownPointerError(absl::string_view operation, DevicePtr ptr) const;
 
   const std::shared_ptr<Driver> driver_;
   const Config config_;
+  const std::uint64_t id_;  // distinguishes allocators in thread-local shard caches
 
-  mutable absl::Mutex mu_;
-  BlockPool small_pool_ ABSL_GUARDED_BY(mu_){true, nullptr};
-  BlockPool large_pool_ ABSL_GUARDED_BY(mu_){false, nullptr};
-  BlockArena arena_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<DevicePtr, Block*> allocated_ ABSL_GUARDED_BY(mu_);
-  absl::btree_map<DevicePtr, Segment*> segments_ ABSL_GUARDED_BY(mu_);
-  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
-  std::size_t reserved_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // segment bytes being allocated unlocked
-  std::size_t blocks_in_release_ ABSL_GUARDED_BY(mu_) = 0;   // heads of segments being freed unlocked
-  std::size_t memory_limit_ ABSL_GUARDED_BY(mu_) = 0;        // 0: no cap
-  double memory_fraction_ ABSL_GUARDED_BY(mu_) = 1.0;
+  // Shards: appended under device_mu_, never removed before destruction, read without a lock.
+  std::array<std::atomic<StreamShard*>, kMaxStreams> shards_{};
+  std::atomic<std::size_t> shard_count_{0};
 
-  // Stream events: per stream, in record order, so one slow stream does not hold up the others.
-  absl::flat_hash_map<Stream, std::deque<PendingEvent>> pending_events_ ABSL_GUARDED_BY(mu_);
-  std::vector<Event> idle_events_ ABSL_GUARDED_BY(mu_);
-  std::uint64_t next_pending_event_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::atomic<std::int64_t> pending_event_count_{0};
+  // Device-wide state, touched only on the slow path. Lock order: shards (in creation order), then this.
+  mutable Mutex device_mu_;
+  absl::btree_map<DevicePtr, Segment*> segments_ ABSL_GUARDED_BY(device_mu_);
+  DeviceStats device_stats_
+      ABSL_GUARDED_BY(device_mu_);  // segment, reserved_bytes, oversize_segments, counters
+  std::size_t reserved_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;  // segment bytes being allocated unlocked
+  std::size_t memory_limit_ ABSL_GUARDED_BY(device_mu_) = 0;        // 0: no cap
+  double memory_fraction_ ABSL_GUARDED_BY(device_mu_) = 1.0;
 };
 
 }  // namespace graphalloc

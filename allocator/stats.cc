@@ -25,6 +25,39 @@ void DeviceStats::ResetPeak() {
   ForEachArray(*this, [](Stat& s) { s.ResetPeak(); });
 }
 
+void AddBlockStats(DeviceStats& into, const DeviceStats& from) {
+  const std::pair<StatArray*, const StatArray*> arrays[] = {
+      {&into.allocation, &from.allocation},
+      {&into.active, &from.active},
+      {&into.inactive_split, &from.inactive_split},
+      {&into.allocated_bytes, &from.allocated_bytes},
+      {&into.active_bytes, &from.active_bytes},
+      {&into.inactive_split_bytes, &from.inactive_split_bytes},
+      {&into.requested_bytes, &from.requested_bytes},
+      {&into.oversize_allocations, &from.oversize_allocations},
+  };
+  for (auto [to, add] : arrays) {
+    for (int t = 0; t < kNumStatTypes; ++t) {
+      to->by_type[t].current += add->by_type[t].current;
+      to->by_type[t].peak += add->by_type[t].peak;
+      to->by_type[t].allocated += add->by_type[t].allocated;
+      to->by_type[t].freed += add->by_type[t].freed;
+    }
+  }
+}
+
+void CopySegmentStats(DeviceStats& into, const DeviceStats& from) {
+  into.segment = from.segment;
+  into.reserved_bytes = from.reserved_bytes;
+  into.oversize_segments = from.oversize_segments;
+  into.num_alloc_retries = from.num_alloc_retries;
+  into.num_ooms = from.num_ooms;
+  into.num_sync_all_streams = from.num_sync_all_streams;
+  into.num_device_alloc = from.num_device_alloc;
+  into.num_device_free = from.num_device_free;
+  into.max_split_size = from.max_split_size;
+}
+
 std::string DeviceStats::ToJson() const {
   std::string out = "{";
   bool first = true;

@@ -79,6 +79,14 @@ struct DeviceStats {
   friend bool operator==(const DeviceStats&, const DeviceStats&) = default;
 };
 
+// Adds the per-block statistics of `from` (allocation, active, inactive_split, their bytes, requested and
+// oversize allocations) into `into`: current, allocated and freed add up exactly; peaks add up to an upper
+// bound of the peak of the sum.
+void AddBlockStats(DeviceStats& into, const DeviceStats& from);
+// Copies the per-segment statistics and counters (segment, reserved_bytes, oversize_segments, num_*,
+// max_split_size) of `from` into `into`.
+void CopySegmentStats(DeviceStats& into, const DeviceStats& from);
+
 }  // namespace graphalloc
 
 #endif  // GRAPHALLOC_ALLOCATOR_STATS_H_

@@ -1,24 +1,22 @@
 // Cross-stream safety: a block used on other streams (RecordStream) is reused only after events recorded
-// on those streams at Free() time have completed. Events are queried lazily, at the next allocation.
+// on those streams at Free() time have completed. Events are queried lazily, at the shard's next
+// allocation, and always with the shard's lock released.
+#include <array>
+
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
 
 namespace graphalloc {
 
-absl::Status CachingAllocator::FreeWithStreamUses(DevicePtr ptr, Block* block) {
+absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block) {
   absl::InlinedVector<Stream, 2> streams;
   absl::InlinedVector<Event, 2> events;
   {
-    absl::MutexLock lock(&mu_);
-    auto it = allocated_.find(ptr);
-    if (it == allocated_.end() || it->second != block || block->freeing)
-      return UnknownPointerError("Free", ptr);
-    // Marked at once, so that a concurrent second Free of the same pointer is refused.
-    block->freeing = true;
+    SpinLockHolder lock(&shard.mu);
     streams.assign(block->stream_uses.begin(), block->stream_uses.end());
-    while (events.size() < streams.size() && !idle_events_.empty()) {
-      events.push_back(idle_events_.back());
-      idle_events_.pop_back();
+    while (events.size() < streams.size() && !shard.idle_events.empty()) {
+      events.push_back(shard.idle_events.back());
+      shard.idle_events.pop_back();
     }
   }
   absl::Status status;
@@ -33,37 +31,39 @@ absl::Status CachingAllocator::FreeWithStreamUses(DevicePtr ptr, Block* block) {
   for (std::size_t i = 0; status.ok() && i < streams.size(); ++i)
     status = driver_->EventRecord(events[i], streams[i]);
 
-  absl::MutexLock lock(&mu_);
-  idle_events_.insert(idle_events_.end(), events.begin() + (status.ok() ? streams.size() : 0), events.end());
+  SpinLockHolder lock(&shard.mu);
+  shard.idle_events.insert(shard.idle_events.end(), events.begin() + (status.ok() ? streams.size() : 0),
+                           events.end());
   block->freeing = false;
   // On failure the block stays allocated, exactly as before the call.
   if (!status.ok()) return status;
-  allocated_.erase(ptr);
+  shard.allocated.erase(ptr);
   block->allocated = false;
-  UpdateAllocationStats(block, block->segment->pool->is_small, -1);
+  UpdateAllocationStats(shard, block, block->segment->pool->is_small, -1);
   block->requested_size = 0;
   block->stream_uses.clear();
   block->event_count = static_cast<int>(streams.size());
-  for (std::size_t i = 0; i < streams.size(); ++i)
-    pending_events_[streams[i]].push_back({events[i], block, next_pending_event_id_++});
-  pending_event_count_.fetch_add(static_cast<std::int64_t>(streams.size()), std::memory_order_relaxed);
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    shard.pending_events[streams[i]].push_back({events[i], block, shard.next_pending_event_id++});
+  }
+  shard.pending_event_count.fetch_add(static_cast<std::int64_t>(streams.size()), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
-void CachingAllocator::CompleteEvent(const PendingEvent& pending) {
-  idle_events_.push_back(pending.event);
-  pending_event_count_.fetch_sub(1, std::memory_order_relaxed);
-  if (--pending.block->event_count == 0) ReleaseToPool(pending.block);
+void CachingAllocator::CompleteEvent(StreamShard& shard, const PendingEvent& pending) {
+  shard.idle_events.push_back(pending.event);
+  shard.pending_event_count.fetch_sub(1, std::memory_order_relaxed);
+  if (--pending.block->event_count == 0) ReleaseBlock(shard, pending.block);
 }
 
-void CachingAllocator::ProcessEvents() {
+void CachingAllocator::ProcessEvents(StreamShard& shard) {
   // Query the oldest event of each stream with the lock released; complete those done in a second pass.
   constexpr std::size_t kMaxQueries = 32;
   std::array<PendingEvent, kMaxQueries> heads;
   std::size_t n = 0;
   {
-    absl::MutexLock lock(&mu_);
-    for (auto& [stream, queue] : pending_events_) {
+    SpinLockHolder lock(&shard.mu);
+    for (auto& [stream, queue] : shard.pending_events) {
       if (n == kMaxQueries) break;
       if (!queue.empty()) heads[n++] = queue.front();
     }
@@ -74,14 +74,13 @@ void CachingAllocator::ProcessEvents() {
     // An event that cannot be queried is left for EmptyCache's synchronization.
     done[i] = ready.ok() && *ready;
   }
-  absl::MutexLock lock(&mu_);
+  SpinLockHolder lock(&shard.mu);
   for (std::size_t i = 0; i < n; ++i) {
     if (!done[i]) continue;
-    for (auto& [stream, queue] : pending_events_) {
+    for (auto& [stream, queue] : shard.pending_events) {
       if (!queue.empty() && queue.front().id == heads[i].id) {
-        CompleteEvent(queue.front());
+        CompleteEvent(shard, queue.front());
         queue.pop_front();
-        // Later events on the same stream were recorded after this one: they are done too only if queried.
         break;
       }
     }
@@ -89,30 +88,37 @@ void CachingAllocator::ProcessEvents() {
 }
 
 absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
-  std::vector<std::pair<Stream, PendingEvent>> all;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& [stream, queue] : pending_events_) {
-      for (const PendingEvent& p : queue) all.emplace_back(stream, p);
+  struct Waiting {
+    StreamShard* shard;
+    Stream stream;
+    PendingEvent pending;
+  };
+  std::vector<Waiting> all;
+  ForEachShard([&](StreamShard* shard) {
+    SpinLockHolder lock(&shard->mu);
+    for (auto& [stream, queue] : shard->pending_events) {
+      for (const PendingEvent& p : queue) all.push_back({shard, stream, p});
     }
-    if (all.empty()) return absl::OkStatus();
-  }
+  });
+  if (all.empty()) return absl::OkStatus();
   absl::Status status;
   std::size_t synced = 0;
   for (; synced < all.size(); ++synced) {
-    status = driver_->EventSynchronize(all[synced].second.event);
+    status = driver_->EventSynchronize(all[synced].pending.event);
     if (!status.ok()) break;
   }
-  absl::MutexLock lock(&mu_);
-  ++stats_.num_sync_all_streams;
   for (std::size_t i = 0; i < synced; ++i) {
-    auto& queue = pending_events_[all[i].first];
+    StreamShard& shard = *all[i].shard;
+    SpinLockHolder lock(&shard.mu);
+    auto& queue = shard.pending_events[all[i].stream];
     auto it = std::find_if(queue.begin(), queue.end(),
-                           [&](const PendingEvent& p) { return p.id == all[i].second.id; });
+                           [&](const PendingEvent& p) { return p.id == all[i].pending.id; });
     if (it == queue.end()) continue;  // completed meanwhile by another thread
-    CompleteEvent(*it);
+    CompleteEvent(shard, *it);
     queue.erase(it);
   }
+  MutexLock lock(&device_mu_);
+  ++device_stats_.num_sync_all_streams;
   return status;
 }
 

@@ -1,0 +1,108 @@
+// A per-stream cache of recently freed blocks by exact size: the allocator's hot path.
+//
+// A freed block is parked here, unmerged, instead of going through coalescing and the best-fit index; the
+// next request of exactly its size on that stream takes it back without touching either. It stays
+// transparent: statistics count a parked block as merged with its free neighbours, and the allocator
+// flushes the cache (merging every parked block) before any decision that needs the coalesced layout (any
+// request it cannot serve exactly, a free that must coalesce, releasing memory, snapshots). The one visible
+// difference from pure best fit: among free blocks of exactly the requested size, the most recently freed is
+// reused first (it is warm), not the one at the lowest address.
+#ifndef GRAPHALLOC_ALLOCATOR_QUICK_CACHE_H_
+#define GRAPHALLOC_ALLOCATOR_QUICK_CACHE_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/block.h"
+
+namespace graphalloc {
+
+class QuickCache {
+ public:
+  static constexpr std::size_t kSlots = 64;
+  static constexpr std::uint32_t kMaxPerSlot = 4;
+
+  // Parks `b` (free, not in the index); false when its slot holds another size or is full.
+  bool Push(Block* b, const BlockPool* pool) {
+    Slot& slot = slots_[SlotOf(b->size)];
+    if (slot.count != 0 && (slot.size != b->size || slot.pool != pool)) return false;
+    if (slot.count == kMaxPerSlot) return false;
+    slot.size = b->size;
+    slot.pool = pool;
+    b->in_quick = true;
+    b->quick_prev = nullptr;
+    b->quick_next = slot.head;
+    if (slot.head != nullptr) slot.head->quick_prev = b;
+    slot.head = b;
+    ++slot.count;
+    ++blocks_;
+    occupied_ |= std::uint64_t{1} << SlotOf(b->size);
+    return true;
+  }
+
+  // A parked block of exactly `size` from `pool`, removed from the cache; nullptr if none.
+  Block* Pop(std::size_t size, const BlockPool* pool) {
+    Slot& slot = slots_[SlotOf(size)];
+    if (slot.count == 0 || slot.size != size || slot.pool != pool) return nullptr;
+    Block* b = slot.head;
+    Remove(b);
+    return b;
+  }
+
+  // Takes `b` out of the cache (it is merging with a neighbour, or being flushed).
+  void Remove(Block* b) {
+    const std::size_t index = SlotOf(b->size);
+    Slot& slot = slots_[index];
+    if (b->quick_prev != nullptr) {
+      b->quick_prev->quick_next = b->quick_next;
+    } else {
+      slot.head = b->quick_next;
+    }
+    if (b->quick_next != nullptr) b->quick_next->quick_prev = b->quick_prev;
+    b->quick_prev = b->quick_next = nullptr;
+    b->in_quick = false;
+    --slot.count;
+    --blocks_;
+    if (slot.count == 0) occupied_ &= ~(std::uint64_t{1} << index);
+  }
+
+  // Calls f(block) for every parked block after removing it from the cache.
+  template <typename F>
+  void Drain(F f) {
+    // f may remove other parked blocks (merging them): re-read the occupancy after each call.
+    while (occupied_ != 0) {
+      Block* b = slots_[static_cast<std::size_t>(__builtin_ctzll(occupied_))].head;
+      Remove(b);
+      f(b);
+    }
+  }
+
+  std::size_t size() const { return blocks_; }
+  bool empty() const { return blocks_ == 0; }
+  // True when `b` is linked in its slot (for the invariant checker).
+  bool Holds(const Block* b) const {
+    for (const Block* q = slots_[SlotOf(b->size)].head; q != nullptr; q = q->quick_next) {
+      if (q == b) return true;
+    }
+    return false;
+  }
+
+ private:
+  struct Slot {
+    std::size_t size = 0;
+    const BlockPool* pool = nullptr;
+    Block* head = nullptr;
+    std::uint32_t count = 0;
+  };
+  static std::size_t SlotOf(std::size_t size) {
+    return static_cast<std::size_t>(((size >> 9) * 0x9E3779B97F4A7C15ull) >> 58);  // top 6 bits: 64 slots
+  }
+  std::array<Slot, kSlots> slots_{};
+  std::size_t blocks_ = 0;
+  std::uint64_t occupied_ = 0;  // bit i: slot i holds at least one block
+};
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_QUICK_CACHE_H_

@@ -1,0 +1,59 @@
+// Everything the allocator keeps for one stream: its free blocks, its allocated blocks, its statistics
+// and the stream events its freed blocks wait on, under one lock.
+//
+// Blocks are reused only by the stream they were allocated on, so streams share nothing on the hot path:
+// threads working on different streams never touch the same lock or cache line.
+#ifndef GRAPHALLOC_ALLOCATOR_STREAM_SHARD_H_
+#define GRAPHALLOC_ALLOCATOR_STREAM_SHARD_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "allocator/block.h"
+#include "allocator/block_pool.h"
+#include "allocator/mutex.h"
+#include "allocator/quick_cache.h"
+#include "allocator/size_policy.h"
+#include "allocator/stats.h"
+
+namespace graphalloc {
+
+// A stream event a freed block waits for (one per stream it was used on).
+struct PendingEvent {
+  Event event;
+  Block* block;
+  std::uint64_t id;  // unique per record: events are recycled, so (event, block) can repeat
+};
+
+struct alignas(64) StreamShard {
+  explicit StreamShard(Stream s) : stream(s) {}
+
+  BlockPool& PoolFor(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return IsSmall(rounded) ? small_pool : large_pool;
+  }
+
+  const Stream stream;
+  mutable SpinLock mu;
+  BlockPool small_pool ABSL_GUARDED_BY(mu){true, nullptr};
+  BlockPool large_pool ABSL_GUARDED_BY(mu){false, nullptr};
+  QuickCache quick ABSL_GUARDED_BY(mu);
+  BlockArena arena ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<DevicePtr, Block*> allocated ABSL_GUARDED_BY(mu);
+  // Statistics of the blocks of this stream (allocation, active, inactive_split, ... - the per-block ones;
+  // the per-segment ones live with the allocator).
+  DeviceStats stats ABSL_GUARDED_BY(mu);
+  std::size_t blocks_in_release ABSL_GUARDED_BY(mu) = 0;  // heads of segments being freed unlocked
+
+  // Events recorded on other streams for blocks of this stream, per recorded stream, in record order.
+  absl::flat_hash_map<Stream, std::deque<PendingEvent>> pending_events ABSL_GUARDED_BY(mu);
+  std::vector<Event> idle_events ABSL_GUARDED_BY(mu);
+  std::uint64_t next_pending_event_id ABSL_GUARDED_BY(mu) = 1;
+  std::atomic<std::int64_t> pending_event_count{0};
+};
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_STREAM_SHARD_H_
