@@ -84,6 +84,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, 
     LinkSegment(segment);
     ++device_stats_.num_device_alloc;
   }
+  history_.Record(HistoryAction::kSegmentAlloc, segment->base, segment->size,
+                  static_cast<std::uint64_t>(shard.stream), 0);
   Block* block = shard.arena.New();
   block->ptr = *base;
   block->size = segment_size;
@@ -172,6 +174,8 @@ absl::Status CachingAllocator::ReleaseSegments(std::vector<Segment*> segments) {
     --shard.blocks_in_release;
     if (s.ok()) {
       ++released;
+      history_.Record(HistoryAction::kSegmentFree, segment->base, segment->size,
+                      static_cast<std::uint64_t>(segment->stream), 0);
       shard.arena.Delete(segment->head);
       delete segment;
       continue;
@@ -246,6 +250,8 @@ absl::Status CachingAllocator::OutOfMemory(std::size_t size, Stream stream) {
   }
   const auto allocated = static_cast<std::size_t>(stats.allocated_bytes.all().current);
   const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.all().current);
+  history_.Record(HistoryAction::kOom, info.ok() ? info->free : 0, size, static_cast<std::uint64_t>(stream),
+                  0);
   std::string device = absl::StrFormat("device %d", driver_->Ordinal());
   if (info.ok()) {
     absl::StrAppend(&device, " has ", FormatBytes(info->total), " total, ", FormatBytes(info->free), " free");

@@ -41,6 +41,10 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::
 
 CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config)
     : driver_(std::move(driver)), config_(config), id_(next_allocator_id.fetch_add(1)) {
+  if (config_.record_history) {
+    // The options were validated by Config::Parse; a failure here can only be a programming error.
+    (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
+  }
   MutexLock lock(&device_mu_);
   device_stats_.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
                                      ? -1
@@ -177,6 +181,8 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
   UpdateAllocationStats(shard, block, small, +1);
   stats.active.Increase(small, 1);
   stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
+  history_.Record(HistoryAction::kAlloc, block->ptr, block->size, static_cast<std::uint64_t>(block->stream),
+                  0);
   return block->ptr;
 }
 
@@ -189,6 +195,8 @@ DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, 
   UpdateAllocationStats(shard, block, small, +1);
   shard.stats.active.Increase(small, 1);
   shard.stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
+  history_.Record(HistoryAction::kAlloc, block->ptr, block->size, static_cast<std::uint64_t>(block->stream),
+                  0);
   return block->ptr;
 }
 
@@ -239,6 +247,8 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     shard->mu.Unlock();
     return UnknownPointerError("Free", ptr);
   }
+  history_.Record(HistoryAction::kFreeRequested, block->ptr, block->size,
+                  static_cast<std::uint64_t>(block->stream), 0);
   if (block->stream_uses.empty()) {
     shard->allocated.erase(ptr);
     block->allocated = false;
@@ -255,6 +265,8 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
 }
 
 void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
+  history_.Record(HistoryAction::kFreeCompleted, block->ptr, block->size,
+                  static_cast<std::uint64_t>(block->stream), 0);
   const bool small = block->segment->pool->is_small;
   shard.stats.active.Decrease(small, 1);
   shard.stats.active_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
@@ -434,6 +446,10 @@ void CachingAllocator::ResetAccumulatedStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   });
   MutexLock lock(&device_mu_);
   device_stats_.ResetAccumulated();
+}
+
+absl::Status CachingAllocator::RecordHistory(const HistoryOptions& options) {
+  return history_.RecordHistory(options);
 }
 
 absl::Status CachingAllocator::SetMemoryFraction(double fraction) {

@@ -29,7 +29,9 @@
 #include "allocator/block_pool.h"
 #include "allocator/config.h"
 #include "allocator/device/driver.h"
+#include "allocator/history/history_ring.h"
 #include "allocator/mutex.h"
+#include "allocator/snapshot/memory_snapshot.h"
 #include "allocator/stats.h"
 #include "allocator/stream_shard.h"
 
@@ -71,6 +73,14 @@ class CachingAllocator {
   double GetMemoryFraction() const;
   // Caps reserved memory at `bytes` (0 removes the cap); for replays that emulate a smaller device.
   void SetMemoryLimit(std::size_t bytes);
+
+  // Turns the allocation history on or off (see HistoryOptions); GRAPHALLOC_CONF's record_history,
+  // history_max_entries and history_stacks set it at creation.
+  absl::Status RecordHistory(const HistoryOptions& options);
+
+  // The allocator's state now: every segment with its blocks, the statistics, the configuration and the
+  // recorded history (see docs/snapshot_format.md). `label` says when it was taken ("peak", "end", ...).
+  MemorySnapshot TakeSnapshot(absl::string_view label = "") const;
 
   // Verifies every internal invariant (block chains, free index, pointer map, statistics); an Internal
   // error describes the first violation. Tests call it after every step.
@@ -143,6 +153,8 @@ class CachingAllocator {
   const std::shared_ptr<Driver> driver_;
   const Config config_;
   const std::uint64_t id_;  // distinguishes allocators in thread-local shard caches
+  // Allocation history; recording is lock-free and may happen with any lock held.
+  mutable HistoryRing history_;
 
   // Shards: appended under device_mu_, never removed before destruction, read without a lock.
   std::array<std::atomic<StreamShard*>, kMaxStreams> shards_{};

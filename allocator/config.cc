@@ -15,7 +15,7 @@ namespace {
 constexpr absl::string_view kKnownKeys =
     "max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
     "garbage_collection_threshold, expandable_segments, per_process_memory_fraction, "
-    "release_lock_on_cudamalloc";
+    "release_lock_on_cudamalloc, record_history, history_max_entries, history_stacks";
 
 // Splits "a:b,c:[d:e,f]" into tokens: identifiers/numbers and the separators , : [ ].
 std::vector<std::string> Tokenize(absl::string_view text) {
@@ -180,6 +180,20 @@ absl::StatusOr<Config> Config::Parse(absl::string_view text) {
       auto v = ParseFraction(key, value, /*open_interval=*/false);
       if (!v.ok()) return v.status();
       config.per_process_memory_fraction = *v;
+    } else if (key == "record_history") {
+      auto v = ParseBool(key, value);
+      if (!v.ok()) return v.status();
+      config.record_history = *v;
+    } else if (key == "history_stacks") {
+      auto v = ParseBool(key, value);
+      if (!v.ok()) return v.status();
+      config.history_stacks = *v;
+    } else if (key == "history_max_entries") {
+      std::uint64_t n = 0;
+      if (!absl::SimpleAtoi(value, &n) || n == 0 || n > (std::uint64_t{1} << 32)) {
+        return BadValue(key, value, "an integer number of events from 1 to 4294967296");
+      }
+      config.history_max_entries = static_cast<std::size_t>(n);
     } else if (key == "release_lock_on_cudamalloc") {
       // Accepted for compatibility: graphalloc never holds its lock across a driver call.
       auto v = ParseBool(key, value);
@@ -215,6 +229,10 @@ std::string Config::ToString() const {
   }
   parts.push_back(absl::StrCat("expandable_segments:", expandable_segments ? "True" : "False"));
   parts.push_back(absl::StrCat("per_process_memory_fraction:", FormatFraction(per_process_memory_fraction)));
+  if (record_history) {
+    parts.push_back(absl::StrCat("record_history:True,history_max_entries:", history_max_entries,
+                                 ",history_stacks:", history_stacks ? "True" : "False"));
+  }
   return absl::StrJoin(parts, ",");
 }
 

@@ -37,6 +37,10 @@ struct Config {
   bool expandable_segments = false;
   // Cap on this allocator's reserved memory as a fraction of the device's total (1.0: no cap).
   double per_process_memory_fraction = 1.0;
+  // Allocation history (snapshots' "history"): on from the start, how many events kept, with C++ stacks.
+  bool record_history = false;
+  std::size_t history_max_entries = 100000;
+  bool history_stacks = false;
 
   // Parses a configuration string; an empty string gives the defaults.
   static absl::StatusOr<Config> Parse(absl::string_view text);

@@ -38,6 +38,8 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   // On failure the block stays allocated, exactly as before the call.
   if (!status.ok()) return status;
   shard.allocated.erase(ptr);
+  history_.Record(HistoryAction::kFreeRequested, block->ptr, block->size,
+                  static_cast<std::uint64_t>(block->stream), 0);
   block->allocated = false;
   UpdateAllocationStats(shard, block, block->segment->pool->is_small, -1);
   block->requested_size = 0;

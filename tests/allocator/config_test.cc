@@ -31,6 +31,17 @@ TEST(ConfigTest, ParsesEveryKey) {
   EXPECT_DOUBLE_EQ(config->per_process_memory_fraction, 0.5);
 }
 
+TEST(ConfigTest, ParsesHistoryKeys) {
+  absl::StatusOr<Config> config =
+      Config::Parse("record_history:True,history_max_entries:500,history_stacks:True");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->record_history);
+  EXPECT_EQ(config->history_max_entries, 500u);
+  EXPECT_TRUE(config->history_stacks);
+  EXPECT_THAT(Config::Parse("history_max_entries:0").status().message(),
+              HasSubstr("accepted: an integer number of events from 1 to 4294967296"));
+}
+
 TEST(ConfigTest, RoundupDivisionsSingleValueFillsEveryInterval) {
   absl::StatusOr<Config> config = Config::Parse("roundup_power2_divisions:4");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -88,7 +99,8 @@ TEST(ConfigTest, BadValuesAreErrorsNamingKeyAndAcceptedValues) {
 TEST(ConfigTest, ToStringRoundTrips) {
   absl::StatusOr<Config> config = Config::Parse(
       "expandable_segments:True,max_split_size_mb:256,roundup_power2_divisions:[64:8,>:2],"
-      "garbage_collection_threshold:0.25,per_process_memory_fraction:0.75");
+      "garbage_collection_threshold:0.25,per_process_memory_fraction:0.75,record_history:True,"
+      "history_max_entries:77");
   ASSERT_TRUE(config.ok()) << config.status();
   absl::StatusOr<Config> again = Config::Parse(config->ToString());
   ASSERT_TRUE(again.ok()) << again.status() << " for " << config->ToString();

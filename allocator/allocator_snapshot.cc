@@ -1,0 +1,83 @@
+// TakeSnapshot(): the allocator's segments, blocks, statistics and history as a MemorySnapshot.
+#include <chrono>
+
+#include "absl/container/flat_hash_map.h"
+#include "allocator/caching_allocator.h"
+
+namespace graphalloc {
+namespace {
+
+BlockState StateOf(const Block* b) {
+  if (b->allocated) return BlockState::kAllocated;
+  return b->event_count > 0 ? BlockState::kPendingFree : BlockState::kFree;
+}
+
+}  // namespace
+
+MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  history_.Record(HistoryAction::kSnapshot, 0, 0, 0, 0);
+  MemorySnapshot snapshot;
+  snapshot.label = std::string(label);
+  snapshot.source = "graphalloc";
+  snapshot.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  const DeviceInfo& info = driver_->Info();
+  snapshot.device = DeviceDescription{info.ordinal, info.name, info.total_memory, info.granularity};
+  snapshot.config = config_.ToString();
+
+  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
+  device_mu_.Lock();
+  // Parked blocks are shown merged, as coalescing leaves them (the statistics already count them so).
+  ForEachShard([this](StreamShard* s) { const_cast<CachingAllocator*>(this)->FlushQuickCache(*s); });
+  ForEachShard([&](StreamShard* s) { AddBlockStats(snapshot.stats, s->stats); });
+  CopySegmentStats(snapshot.stats, device_stats_);
+  snapshot.segments.reserve(segments_.size());
+  for (const auto& [base, segment] : segments_) {
+    SegmentSnapshot& out = snapshot.segments.emplace_back();
+    out.address = segment->base;
+    out.total_size = segment->size;
+    out.stream = static_cast<std::uint64_t>(segment->stream);
+    out.pool_id = 0;
+    out.kind = segment->pool->is_small ? SegmentKind::kSmall : SegmentKind::kLarge;
+    out.expandable = segment->expandable;
+    for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      BlockSnapshot& block = out.blocks.emplace_back();
+      block.address = b->ptr;
+      block.size = b->size;
+      block.requested_size = b->allocated ? b->requested_size : 0;
+      block.state = StateOf(b);
+      block.stream = static_cast<std::uint64_t>(b->stream);
+    }
+  }
+  device_mu_.Unlock();
+  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+
+  PoolSnapshot& pool = snapshot.pools.emplace_back();
+  pool.id = 0;
+  pool.reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().current);
+  pool.allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().current);
+  pool.peak_reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().peak);
+  pool.peak_allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().peak);
+
+  history_.ExportTo(&snapshot);
+  // A live block's stack and annotation are those of the last recorded allocation at its address.
+  absl::flat_hash_map<std::uint64_t, const HistoryEvent*> last_alloc;
+  for (const HistoryEvent& e : snapshot.history) {
+    if (e.action == HistoryAction::kAlloc) last_alloc[e.address] = &e;
+  }
+  if (!last_alloc.empty()) {
+    for (SegmentSnapshot& segment : snapshot.segments) {
+      for (BlockSnapshot& block : segment.blocks) {
+        if (block.state == BlockState::kFree) continue;
+        auto it = last_alloc.find(block.address);
+        if (it == last_alloc.end()) continue;
+        block.frames = it->second->frames;
+        block.annotation = it->second->annotation;
+      }
+    }
+  }
+  return snapshot;
+}
+
+}  // namespace graphalloc
