@@ -49,6 +49,15 @@ int graphalloc_set_memory_fraction(double fraction, int device);
  * buffer; *required (if not NULL) receives the size needed including the NUL. Returns
  * GRAPHALLOC_BUFFER_TOO_SMALL, writing nothing, when buffer_size is too small. */
 int graphalloc_stats_json(int device, char* buffer, size_t buffer_size, size_t* required);
+/* Writes a snapshot of `device`'s allocator (segments, blocks, statistics, history; the JSON format of
+ * docs/snapshot_format.md) into buffer, with graphalloc_stats_json's buffer convention. */
+int graphalloc_snapshot_json(int device, char* buffer, size_t buffer_size, size_t* required);
+/* Turns the allocation history of `device` on (enabled != 0, keeping the newest max_entries events, with C++
+ * stacks when stacks != 0) or off. */
+int graphalloc_record_history(int device, int enabled, size_t max_entries, int stacks);
+/* PyTorch's pluggable-allocator record_stream hook (set_record_stream_fn): `ptr`, from any device's
+ * allocator, is used on `stream` too. A bad pointer is reported on stderr and in graphalloc_last_error(). */
+void graphalloc_torch_record_stream(void* ptr, graphalloc_stream stream);
 /* Resets the peak values, or the accumulated counters, of the statistics of `device`. */
 int graphalloc_reset_peak_stats(int device);
 int graphalloc_reset_accumulated_stats(int device);

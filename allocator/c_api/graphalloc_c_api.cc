@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/c_api/graphalloc.h"
 #include "allocator/default_allocator.h"
+#include "allocator/snapshot/snapshot_json.h"
 
 namespace graphalloc {
 namespace {
@@ -51,6 +52,28 @@ int Guarded(F body) {
 }
 
 DevicePtr ToDevice(const void* ptr) { return reinterpret_cast<DevicePtr>(ptr); }
+
+// JSON from `produce(allocator)` into a caller's buffer: *required gets the size with the NUL; a buffer that
+// is too small gets nothing and GRAPHALLOC_BUFFER_TOO_SMALL.
+template <typename Produce>
+int WriteJson(const char* name, int device, char* buffer, size_t buffer_size, size_t* required,
+              Produce produce) {
+  bool too_small = false;
+  int code = Guarded([&]() -> absl::Status {
+    absl::StatusOr<CachingAllocator*> allocator = DefaultAllocator(device);
+    if (!allocator.ok()) return allocator.status();
+    const std::string json = produce(**allocator);
+    if (required != nullptr) *required = json.size() + 1;
+    if (buffer == nullptr || buffer_size < json.size() + 1) {
+      too_small = true;
+      return absl::OutOfRangeError(absl::StrCat(name, ": buffer of ", buffer_size, " bytes is too small; ",
+                                                json.size() + 1, " needed"));
+    }
+    std::memcpy(buffer, json.c_str(), json.size() + 1);
+    return absl::OkStatus();
+  });
+  return too_small ? GRAPHALLOC_BUFFER_TOO_SMALL : code;
+}
 Stream ToStream(graphalloc_stream stream) { return StreamFromNative(stream); }
 
 }  // namespace
@@ -120,21 +143,39 @@ int graphalloc_set_memory_fraction(double fraction, int device) {
 }
 
 int graphalloc_stats_json(int device, char* buffer, size_t buffer_size, size_t* required) {
-  bool too_small = false;
-  int code = Guarded([&]() -> absl::Status {
+  return graphalloc::WriteJson("graphalloc_stats_json", device, buffer, buffer_size, required,
+                               [](graphalloc::CachingAllocator& a) { return a.GetStats().ToJson(); });
+}
+
+int graphalloc_snapshot_json(int device, char* buffer, size_t buffer_size, size_t* required) {
+  return graphalloc::WriteJson(
+      "graphalloc_snapshot_json", device, buffer, buffer_size, required, [](graphalloc::CachingAllocator& a) {
+        return graphalloc::SnapshotToJson(a.TakeSnapshot("graphalloc_snapshot_json"));
+      });
+}
+
+int graphalloc_record_history(int device, int enabled, size_t max_entries, int stacks) {
+  return Guarded([&]() -> absl::Status {
     absl::StatusOr<graphalloc::CachingAllocator*> allocator = DefaultAllocator(device);
     if (!allocator.ok()) return allocator.status();
-    const std::string json = (*allocator)->GetStats().ToJson();
-    if (required != nullptr) *required = json.size() + 1;
-    if (buffer == nullptr || buffer_size < json.size() + 1) {
-      too_small = true;
-      return absl::OutOfRangeError(absl::StrCat("graphalloc_stats_json: buffer of ", buffer_size,
-                                                " bytes is too small; ", json.size() + 1, " needed"));
-    }
-    std::memcpy(buffer, json.c_str(), json.size() + 1);
-    return absl::OkStatus();
+    return (*allocator)->RecordHistory(graphalloc::HistoryOptions{enabled != 0, max_entries, stacks != 0});
   });
-  return too_small ? GRAPHALLOC_BUFFER_TOO_SMALL : code;
+}
+
+void graphalloc_torch_record_stream(void* ptr, graphalloc_stream stream) {
+  // PyTorch does not say which device: the allocator that owns the pointer is the one that accepts it.
+  int code = GRAPHALLOC_INVALID_ARGUMENT;
+  for (int device = 0; device < graphalloc::kMaxDevices && code != GRAPHALLOC_OK; ++device) {
+    graphalloc::CachingAllocator* allocator = graphalloc::ExistingDefaultAllocator(device);
+    if (allocator == nullptr) continue;
+    code = Guarded(
+        [&] { return allocator->RecordStream(graphalloc::ToDevice(ptr), graphalloc::ToStream(stream)); });
+  }
+  if (code != GRAPHALLOC_OK) {
+    if (graphalloc::last_error.empty())
+      graphalloc::last_error = "graphalloc_torch_record_stream: no allocator exists yet";
+    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::last_error.c_str());
+  }
 }
 
 int graphalloc_reset_peak_stats(int device) {

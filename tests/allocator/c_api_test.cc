@@ -3,6 +3,7 @@
 #include <string>
 
 #include "allocator/c_api/graphalloc.h"
+#include "allocator/snapshot/snapshot_json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_device.h"
@@ -92,6 +93,43 @@ TEST_F(CApiTest, StatsJsonReportsTheAllocationAndChecksTheBufferSize) {
   EXPECT_THAT(buffer, HasSubstr("\"allocation.all.allocated\": 1"));
   EXPECT_EQ(graphalloc_free(p, 0), GRAPHALLOC_OK);
   EXPECT_EQ(graphalloc_reset_peak_stats(0), GRAPHALLOC_OK);
+}
+
+TEST_F(CApiTest, SnapshotJsonParsesBackAndShowsTheHistory) {
+  ASSERT_EQ(graphalloc_record_history(0, 1, 1000, 0), GRAPHALLOC_OK) << graphalloc_last_error();
+  void* p = nullptr;
+  ASSERT_EQ(graphalloc_malloc(&p, 6000, 0, nullptr), GRAPHALLOC_OK);
+  size_t required = 0;
+  EXPECT_EQ(graphalloc_snapshot_json(0, nullptr, 0, &required), GRAPHALLOC_BUFFER_TOO_SMALL);
+  std::string buffer(required + 4096, '\0');  // the snapshot event itself may add a little
+  ASSERT_EQ(graphalloc_snapshot_json(0, buffer.data(), buffer.size(), &required), GRAPHALLOC_OK)
+      << graphalloc_last_error();
+  absl::StatusOr<MemorySnapshot> snapshot = SnapshotFromJson(buffer.c_str(), "c_api");
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  bool found = false;
+  for (const SegmentSnapshot& segment : snapshot->segments) {
+    for (const BlockSnapshot& block : segment.blocks) {
+      found |= block.address == reinterpret_cast<std::uintptr_t>(p) &&
+               block.state == BlockState::kAllocated && block.requested_size == 6000;
+    }
+  }
+  EXPECT_TRUE(found);
+  ASSERT_FALSE(snapshot->history.empty());
+  EXPECT_EQ(snapshot->history.back().action, HistoryAction::kSnapshot);
+  EXPECT_EQ(graphalloc_record_history(0, 0, 0, 0), GRAPHALLOC_OK);
+  EXPECT_EQ(graphalloc_record_history(0, 1, 0, 0), GRAPHALLOC_INVALID_ARGUMENT);
+  EXPECT_EQ(graphalloc_free(p, 0), GRAPHALLOC_OK);
+}
+
+TEST_F(CApiTest, TorchRecordStreamFindsTheOwningAllocator) {
+  void* p = nullptr;
+  ASSERT_EQ(graphalloc_malloc(&p, 512, 0, nullptr), GRAPHALLOC_OK);
+  graphalloc_torch_record_stream(p, nullptr);  // the allocation stream itself: accepted, no effect
+  EXPECT_STREQ(graphalloc_last_error(), "");
+  int dummy = 0;
+  graphalloc_torch_record_stream(&dummy, nullptr);
+  EXPECT_THAT(graphalloc_last_error(), HasSubstr("unknown pointer"));
+  EXPECT_EQ(graphalloc_free(p, 0), GRAPHALLOC_OK);
 }
 
 }  // namespace
