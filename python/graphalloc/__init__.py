@@ -1,0 +1,286 @@
+"""graphalloc from Python: find libgraphalloc.so and call its plain C ABI through ctypes.
+
+This module needs neither PyTorch nor a GPU (with GRAPHALLOC_DEVICE=sim the library runs on its simulated
+device). ``graphalloc.torch`` builds on it to make graphalloc PyTorch's CUDA allocator.
+
+    import graphalloc
+    lib = graphalloc.library()          # the loaded ctypes.CDLL
+    graphalloc.stats(0)                 # dict of PyTorch's flat memory_stats keys
+    graphalloc.snapshot(0)              # dict in docs/snapshot_format.md's format (needs a recent library)
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+__all__ = [
+    "GraphallocError", "library", "library_path", "cli_path", "has_function", "stats", "stats_json",
+    "snapshot_json", "snapshot", "record_history", "empty_cache", "set_memory_fraction", "reset_peak_stats",
+    "reset_accumulated_stats", "record_stream", "malloc", "free", "last_error",
+]
+
+# graphalloc_status codes (allocator/c_api/graphalloc.h).
+OK = 0
+INVALID_ARGUMENT = 1
+OUT_OF_MEMORY = 2
+UNAVAILABLE = 3
+FAILED_PRECONDITION = 4
+BUFFER_TOO_SMALL = 5
+INTERNAL = 6
+_STATUS_NAMES = {0: "OK", 1: "INVALID_ARGUMENT", 2: "OUT_OF_MEMORY", 3: "UNAVAILABLE",
+                 4: "FAILED_PRECONDITION", 5: "BUFFER_TOO_SMALL", 6: "INTERNAL"}
+
+_LIB_NAMES = ("libgraphalloc.so", "libgraphalloc.so.0")
+
+
+class GraphallocError(RuntimeError):
+    """A graphalloc C function returned an error; ``code`` is its graphalloc_status."""
+
+    def __init__(self, function: str, code: int, message: str):
+        self.function = function
+        self.code = code
+        super().__init__(f"{function}: {_STATUS_NAMES.get(code, code)}: {message}")
+
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+
+
+def _repo_root() -> Path:
+    # python/graphalloc/__init__.py -> the repository root (when run from a checkout).
+    return Path(__file__).resolve().parent.parent.parent
+
+
+def _candidates() -> List[Path]:
+    """Where to look for libgraphalloc.so, in order (GRAPHALLOC_LIBRARY is handled before this)."""
+    here = Path(__file__).resolve().parent
+    out: List[Path] = []
+    for name in _LIB_NAMES:
+        out.append(here / name)                   # copied next to the package
+        out.append(here.parent / "lib" / name)    # an install tree: <prefix>/python/graphalloc + <prefix>/lib
+    root = _repo_root()
+    # The build-directory conventions of this repository: build*/ in the checkout (README), and
+    # GRAPHALLOC_BUILD_DIR if set.
+    build_dirs: List[Path] = []
+    if os.environ.get("GRAPHALLOC_BUILD_DIR"):
+        build_dirs.append(Path(os.environ["GRAPHALLOC_BUILD_DIR"]))
+    build_dirs += sorted(p for p in root.glob("build*") if p.is_dir())
+    for d in build_dirs:
+        for name in _LIB_NAMES:
+            out.append(d / name)
+    return out
+
+
+def library_path() -> str:
+    """The path of libgraphalloc.so that ``library()`` loads (or loaded).
+
+    Looks at, in order: $GRAPHALLOC_LIBRARY; the package's own folder and ../lib; $GRAPHALLOC_BUILD_DIR and
+    the checkout's build*/ folders; then the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig).
+    Raises FileNotFoundError listing every place it looked.
+    """
+    if _lib_path is not None:
+        return _lib_path
+    looked: List[str] = []
+    env = os.environ.get("GRAPHALLOC_LIBRARY")
+    if env:
+        if Path(env).is_file():
+            return str(Path(env).resolve())
+        looked.append(f"$GRAPHALLOC_LIBRARY={env} (no such file)")
+    for c in _candidates():
+        looked.append(str(c))
+        if c.is_file():
+            return str(c.resolve())
+    for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep):
+        if not d:
+            continue
+        for name in _LIB_NAMES:
+            p = Path(d) / name
+            looked.append(str(p))
+            if p.is_file():
+                return str(p.resolve())
+    found = ctypes.util.find_library("graphalloc")
+    looked.append("ctypes.util.find_library('graphalloc') (ldconfig cache)")
+    if found:
+        # A bare soname: the dynamic linker resolves it; PyTorch's CUDAPluggableAllocator accepts it too.
+        return found
+    raise FileNotFoundError(
+        "graphalloc: libgraphalloc.so not found. Build it (cmake --build BUILD --target graphalloc_shared) "
+        "and set GRAPHALLOC_LIBRARY=/path/to/libgraphalloc.so. Looked at:\n  " + "\n  ".join(looked))
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    c_size_p = ctypes.POINTER(ctypes.c_size_t)
+    sigs = {
+        "graphalloc_torch_malloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+        "graphalloc_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+        "graphalloc_malloc": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_int,
+                                             ctypes.c_void_p]),
+        "graphalloc_free": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+        "graphalloc_record_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
+        "graphalloc_empty_cache": (ctypes.c_int, [ctypes.c_int]),
+        "graphalloc_set_memory_fraction": (ctypes.c_int, [ctypes.c_double, ctypes.c_int]),
+        "graphalloc_stats_json": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, c_size_p]),
+        "graphalloc_reset_peak_stats": (ctypes.c_int, [ctypes.c_int]),
+        "graphalloc_reset_accumulated_stats": (ctypes.c_int, [ctypes.c_int]),
+        "graphalloc_last_error": (ctypes.c_char_p, []),
+        # Newer functions: declared when the library has them (has_function()).
+        "graphalloc_snapshot_json": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, c_size_p]),
+        "graphalloc_record_history": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t,
+                                                     ctypes.c_int]),
+        "graphalloc_torch_record_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        if hasattr(lib, name):
+            f = getattr(lib, name)
+            f.restype = restype
+            f.argtypes = argtypes
+
+
+def library() -> ctypes.CDLL:
+    """The loaded libgraphalloc.so (loaded once, RTLD_GLOBAL, from ``library_path()``)."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            _declare(lib)
+            _lib, _lib_path = lib, path
+        return _lib
+
+
+def has_function(name: str) -> bool:
+    """Whether the loaded library exports the C function `name` (newer functions may be missing)."""
+    return hasattr(library(), name)
+
+
+def last_error() -> str:
+    msg = library().graphalloc_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def _check(function: str, code: int) -> None:
+    if code != OK:
+        raise GraphallocError(function, code, last_error())
+
+
+def _json_call(function: str, device: int) -> str:
+    lib = library()
+    if not hasattr(lib, function):
+        raise NotImplementedError(
+            f"{_lib_path} does not export {function}: rebuild graphalloc_shared from a newer checkout")
+    f = getattr(lib, function)
+    size = 1 << 16
+    for _ in range(8):  # the content can grow between the size query and the copy: retry
+        buf = ctypes.create_string_buffer(size)
+        required = ctypes.c_size_t(0)
+        code = f(int(device), buf, size, ctypes.byref(required))
+        if code == OK:
+            return buf.value.decode("utf-8")
+        if code != BUFFER_TOO_SMALL:
+            _check(function, code)
+        size = max(size * 2, int(required.value) + 4096)
+    raise GraphallocError(function, BUFFER_TOO_SMALL, "the JSON kept growing")
+
+
+def stats_json(device: int = 0) -> str:
+    """graphalloc_stats_json: the statistics of `device` as a JSON string (PyTorch's flat keys)."""
+    return _json_call("graphalloc_stats_json", device)
+
+
+def stats(device: int = 0) -> dict:
+    """The statistics of `device` as a dict with PyTorch's flat memory_stats keys."""
+    return json.loads(stats_json(device))
+
+
+def snapshot_json(device: int = 0) -> str:
+    """graphalloc_snapshot_json: a snapshot of `device` (docs/snapshot_format.md) as a JSON string."""
+    return _json_call("graphalloc_snapshot_json", device)
+
+
+def snapshot(device: int = 0) -> dict:
+    return json.loads(snapshot_json(device))
+
+
+def record_history(device: int = 0, enabled: bool = True, max_entries: int = 100000,
+                   stacks: bool = False) -> None:
+    """Turns the allocation history of `device` on or off (graphalloc_record_history).
+
+    Without that C function, history can still be turned on from the start with GRAPHALLOC_CONF
+    (``record_history:True,history_max_entries:N,history_stacks:False``) before the allocator is created.
+    """
+    lib = library()
+    if not hasattr(lib, "graphalloc_record_history"):
+        raise NotImplementedError(
+            f"{_lib_path} does not export graphalloc_record_history; set GRAPHALLOC_CONF="
+            "record_history:True before the first allocation instead")
+    _check("graphalloc_record_history",
+           lib.graphalloc_record_history(int(device), 1 if enabled else 0, int(max_entries), 1 if stacks else 0))
+
+
+def empty_cache(device: int = 0) -> None:
+    _check("graphalloc_empty_cache", library().graphalloc_empty_cache(int(device)))
+
+
+def set_memory_fraction(fraction: float, device: int = 0) -> None:
+    _check("graphalloc_set_memory_fraction", library().graphalloc_set_memory_fraction(float(fraction), int(device)))
+
+
+def reset_peak_stats(device: int = 0) -> None:
+    _check("graphalloc_reset_peak_stats", library().graphalloc_reset_peak_stats(int(device)))
+
+
+def reset_accumulated_stats(device: int = 0) -> None:
+    _check("graphalloc_reset_accumulated_stats", library().graphalloc_reset_accumulated_stats(int(device)))
+
+
+def record_stream(ptr: int, stream: int, device: int = 0) -> None:
+    """graphalloc_record_stream: the block at `ptr` is used on `stream` (a cudaStream_t as an int) too."""
+    _check("graphalloc_record_stream",
+           library().graphalloc_record_stream(ctypes.c_void_p(ptr), int(device), ctypes.c_void_p(stream)))
+
+
+def malloc(size: int, device: int = 0, stream: int = 0) -> int:
+    out = ctypes.c_void_p(0)
+    _check("graphalloc_malloc", library().graphalloc_malloc(ctypes.byref(out), int(size), int(device),
+                                                            ctypes.c_void_p(stream)))
+    return out.value or 0
+
+
+def free(ptr: int, device: int = 0) -> None:
+    _check("graphalloc_free", library().graphalloc_free(ctypes.c_void_p(ptr), int(device)))
+
+
+def cli_path() -> Optional[str]:
+    """The `graphalloc` command-line tool: $GRAPHALLOC_CLI, next to the library (build/tools/graphalloc,
+    <prefix>/bin/graphalloc), the checkout's build*/tools, then $PATH. None when not found."""
+    env = os.environ.get("GRAPHALLOC_CLI")
+    if env and Path(env).is_file():
+        return env
+    cands: List[Path] = []
+    try:
+        lib_dir = Path(library_path()).parent
+        cands += [lib_dir / "tools" / "graphalloc", lib_dir.parent / "bin" / "graphalloc"]
+    except FileNotFoundError:
+        pass
+    cands += [d / "tools" / "graphalloc" for d in sorted(_repo_root().glob("build*")) if d.is_dir()]
+    for c in cands:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    return shutil.which("graphalloc")
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Runs the graphalloc CLI with `args`; raises FileNotFoundError if it is not found."""
+    cli = cli_path()
+    if cli is None:
+        raise FileNotFoundError("graphalloc CLI not found: set GRAPHALLOC_CLI=/path/to/graphalloc "
+                                "(cmake --build BUILD --target graphalloc_cli)")
+    return subprocess.run([cli, *args], check=check, capture_output=True, text=True)
