@@ -28,8 +28,6 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
 
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   device_mu_.Lock();
-  // Parked blocks are shown merged, as coalescing leaves them (the statistics already count them so).
-  ForEachShard([this](StreamShard* s) { const_cast<CachingAllocator*>(this)->FlushQuickCache(*s); });
   ForEachShard([&](StreamShard* s) { AddBlockStats(snapshot.stats, s->stats); });
   CopySegmentStats(snapshot.stats, device_stats_);
   snapshot.segments.reserve(segments_.size());
@@ -42,6 +40,14 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
     out.kind = segment->pool->is_small ? SegmentKind::kSmall : SegmentKind::kLarge;
     out.expandable = segment->expandable;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      // Adjacent free blocks exist only while one of them is parked in the quick cache; they are shown
+      // merged, as coalescing leaves them and as the statistics count them. (Merging them here would change
+      // later allocation decisions: a snapshot must not.)
+      if (StateOf(b) == BlockState::kFree && !out.blocks.empty() &&
+          out.blocks.back().state == BlockState::kFree) {
+        out.blocks.back().size += b->size;
+        continue;
+      }
       BlockSnapshot& block = out.blocks.emplace_back();
       block.address = b->ptr;
       block.size = b->size;

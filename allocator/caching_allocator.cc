@@ -113,8 +113,9 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
   {
     SpinLockHolder lock(&shard->mu);
     BlockPool& pool = shard->PoolFor(size);
-    Block* block = shard->quick.Pop(size, &pool);
-    if (block != nullptr) {
+    Block* block = shard->quick.Peek(size, &pool);
+    if (block != nullptr && QuickHitIsBestFit(*shard, pool, block, size)) {
+      shard->quick.Remove(block);
       AccountRunChange(*shard, block, /*joining=*/false);
       return FinishQuickHit(*shard, pool, block, bytes);
     }
@@ -184,6 +185,29 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
   history_.Record(HistoryAction::kAlloc, block->ptr, block->size, static_cast<std::uint64_t>(block->stream),
                   0);
   return block->ptr;
+}
+
+bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block,
+                                         std::size_t size) {
+  // Best fit would see `block` merged with its free neighbours into one block M, choose the smallest free
+  // block that fits (lowest address among equals) and split it. Handing out `block` itself gives exactly
+  // that layout when it is the only parked block (so every other free block has its coalesced size), M
+  // starts at `block`, nothing smaller than M fits, and M would be split right after `block` (or is
+  // `block`). Anything else goes the long way, through the coalesced layout, so decisions stay PyTorch's.
+  if (shard.quick.size() != 1 || Mergeable(block, block->prev)) return false;
+  std::size_t merged = size;
+  const Block* run_end = block->next;
+  for (; run_end != nullptr && Mergeable(block, run_end); run_end = run_end->next) merged += run_end->size;
+  const std::size_t rest = merged - size;
+  if (size < config_.max_split_size && merged >= config_.max_split_size) return false;
+  if (size >= config_.max_split_size && rest != 0) return false;        // oversize blocks are never split
+  if (rest != 0 && !pool.is_small && rest <= kSmallSize) return false;  // the rest would stay inside
+  // The smallest indexed block that fits, skipping the ones that are part of M (they follow `block`).
+  for (auto it = pool.LowerBound(size); it != pool.blocks.end(); ++it) {
+    if (it->ptr > block->ptr && it->ptr < block->ptr + merged) continue;
+    return it->size > merged || (it->size == merged && it->ptr > block->ptr);
+  }
+  return true;
 }
 
 DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block,

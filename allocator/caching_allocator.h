@@ -117,6 +117,9 @@ class CachingAllocator {
   // blocks around it, counted as coalescing would leave them.
   void AccountRunChange(StreamShard& shard, Block* block, bool joining)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // True when handing out the parked `block` for a request of `size` is exactly what best fit would do.
+  bool QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block, std::size_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   DevicePtr FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block, std::size_t requested)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   bool TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool)

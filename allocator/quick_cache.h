@@ -4,9 +4,9 @@
 // next request of exactly its size on that stream takes it back without touching either. It stays
 // transparent: statistics count a parked block as merged with its free neighbours, and the allocator
 // flushes the cache (merging every parked block) before any decision that needs the coalesced layout (any
-// request it cannot serve exactly, a free that must coalesce, releasing memory, snapshots). The one visible
-// difference from pure best fit: among free blocks of exactly the requested size, the most recently freed is
-// reused first (it is warm), not the one at the lowest address.
+// request it cannot serve exactly, a free that must coalesce, releasing memory). A parked block is handed
+// out only when best fit over the coalesced layout would choose the very same address and split
+// (CachingAllocator::QuickHitIsBestFit), so allocation decisions are exactly PyTorch's.
 #ifndef GRAPHALLOC_ALLOCATOR_QUICK_CACHE_H_
 #define GRAPHALLOC_ALLOCATOR_QUICK_CACHE_H_
 
@@ -41,13 +41,11 @@ class QuickCache {
     return true;
   }
 
-  // A parked block of exactly `size` from `pool`, removed from the cache; nullptr if none.
-  Block* Pop(std::size_t size, const BlockPool* pool) {
-    Slot& slot = slots_[SlotOf(size)];
+  // The most recently parked block of exactly `size` from `pool` (still parked); nullptr if none.
+  Block* Peek(std::size_t size, const BlockPool* pool) const {
+    const Slot& slot = slots_[SlotOf(size)];
     if (slot.count == 0 || slot.size != size || slot.pool != pool) return nullptr;
-    Block* b = slot.head;
-    Remove(b);
-    return b;
+    return slot.head;
   }
 
   // Takes `b` out of the cache (it is merging with a neighbour, or being flushed).

@@ -30,6 +30,7 @@
 #include "allocator/device/cuda_driver.h"
 #include "allocator/device/driver.h"
 #include "allocator/device/sim_driver.h"
+#include "allocator/snapshot/snapshot_json.h"
 #include "allocator/trace/trace_reader.h"
 #include "allocator/trace/trace_replay.h"
 
@@ -47,7 +48,18 @@ struct ReplayCliOptions {
   std::string capacity;
   bool find_min_capacity = false;
   bool json = false;
+  std::string snapshot;  // write snapshots at the peak (this path) and at the end (".end" inserted)
 };
+
+// Where the snapshot taken at `label` goes: the path itself for the peak, "x.end.json" for the end.
+std::string SnapshotPath(const std::string& path, absl::string_view label) {
+  if (label == "peak") return path;
+  const std::size_t dot = path.rfind('.');
+  const std::size_t slash = path.rfind('/');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
+    return absl::StrCat(path, ".", label);
+  return absl::StrCat(path.substr(0, dot), ".", label, path.substr(dot));
+}
 
 std::string MiB(std::uint64_t bytes) {
   return absl::StrFormat("%.2f MiB", static_cast<double>(bytes) / static_cast<double>(kMiB));
@@ -70,7 +82,8 @@ struct Probe {
 };
 
 // One replay on a fresh device and a fresh allocator.
-absl::StatusOr<Probe> RunProbe(const Trace& trace, const DeviceSetup& setup, const Config& config) {
+absl::StatusOr<Probe> RunProbe(const Trace& trace, const DeviceSetup& setup, const Config& config,
+                               const ReplayOptions& replay_options = {}) {
   Probe probe;
   std::shared_ptr<Driver> driver;
   if (setup.kind == "sim") {
@@ -93,7 +106,7 @@ absl::StatusOr<Probe> RunProbe(const Trace& trace, const DeviceSetup& setup, con
   absl::StatusOr<std::unique_ptr<CachingAllocator>> allocator = CachingAllocator::Create(driver, config);
   if (!allocator.ok()) return allocator.status();
   if (setup.kind == "cuda" && setup.capacity != 0) (*allocator)->SetMemoryLimit(setup.capacity);
-  absl::StatusOr<ReplayResult> result = ReplayTrace(trace, **allocator);
+  absl::StatusOr<ReplayResult> result = ReplayTrace(trace, **allocator, replay_options);
   if (!result.ok()) return result.status();
   probe.result = std::move(*result);
   return probe;
@@ -245,11 +258,34 @@ int RunReplay(const ReplayCliOptions& options) {
   absl::StatusOr<std::string> kind = ChooseDevice(options.device, &no_gpu);
   if (!kind.ok()) return fail(kExitNotCompleted, kind.status().message());
 
-  absl::StatusOr<Probe> run = RunProbe(*trace, DeviceSetup{*kind, capacity}, *config);
+  // With --snapshot the run records its history (all of it, unless the configuration says otherwise) and
+  // writes the allocator's state at the peak and at the end.
+  ReplayOptions replay_options;
+  std::vector<std::string> written;
+  absl::Status snapshot_error;
+  Config run_config = *config;
+  if (!options.snapshot.empty()) {
+    if (!run_config.record_history) {
+      run_config.record_history = true;
+      run_config.history_max_entries = std::max<std::size_t>(2 * trace->events.size() + 16, 1024);
+    }
+    replay_options.snapshot_hook = [&](absl::string_view label, CachingAllocator& allocator) {
+      const std::string path = SnapshotPath(options.snapshot, label);
+      absl::Status s = WriteSnapshotFile(allocator.TakeSnapshot(label), path);
+      if (s.ok()) {
+        written.push_back(path);
+      } else if (snapshot_error.ok()) {
+        snapshot_error = s;
+      }
+    };
+  }
+  absl::StatusOr<Probe> run = RunProbe(*trace, DeviceSetup{*kind, capacity}, run_config, replay_options);
   if (!run.ok()) {
     return fail(absl::IsInvalidArgument(run.status()) ? kExitBadInput : kExitNotCompleted,
                 run.status().message());
   }
+  if (!snapshot_error.ok())
+    return fail(kExitBadInput, absl::StrCat("--snapshot: ", snapshot_error.message()));
   std::optional<MinCapacity> min;
   if (options.find_min_capacity && run->result.completed) {
     absl::StatusOr<MinCapacity> found = FindMinCapacity(*trace, *kind, *config, run->result);
@@ -262,6 +298,7 @@ int RunReplay(const ReplayCliOptions& options) {
   } else {
     PrintText(options, *trace, *kind, no_gpu, *config, *run, min);
   }
+  for (const std::string& path : written) std::cerr << "graphalloc replay: wrote snapshot " << path << "\n";
   return run->result.completed ? 0 : kExitNotCompleted;
 }
 
@@ -333,6 +370,9 @@ void AddReplayCommand(CLI::App& app) {
                  "Also search (2 MiB steps) for the smallest capacity at which the replay completes")
       ->excludes(capacity);
   command->add_flag("--json", options->json, "Print the result as one JSON object");
+  command->add_option("--snapshot", options->snapshot,
+                      "Write the allocator's state (with its history) at the trace's peak to this JSON file, "
+                      "and at the end to the same name with .end inserted (x.json, x.end.json)");
   command->callback([options] {
     if (int code = RunReplay(*options); code != 0) throw CLI::RuntimeError(code);
   });

@@ -15,9 +15,11 @@
 #include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "allocator/snapshot/snapshot_json.h"
 
 namespace graphalloc {
 namespace {
@@ -225,7 +227,64 @@ absl::StatusOr<Trace> ReadTrace(const std::string& path) {
     if (!csv.ok()) return csv.status();
     bytes = std::move(*csv);
   }
+  const std::size_t first = bytes.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && bytes[first] == '{') {
+    absl::StatusOr<MemorySnapshot> snapshot = SnapshotFromJson(bytes, path);
+    if (!snapshot.ok()) return snapshot.status();
+    return TraceFromHistory(*snapshot, path);
+  }
   return ParseTrace(bytes, path);
+}
+
+absl::StatusOr<Trace> TraceFromHistory(const MemorySnapshot& snapshot, absl::string_view name) {
+  if (snapshot.history_max_entries == 0 && snapshot.history.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name,
+                     ": the snapshot has no allocation history to replay; record one with "
+                     "GRAPHALLOC_CONF=record_history:True (or graphalloc replay --snapshot)"));
+  }
+  Trace trace;
+  trace.name = std::string(name);
+  const std::size_t slash = trace.name.find_last_of('/');
+  if (slash != std::string::npos) trace.name = trace.name.substr(slash + 1);
+  absl::flat_hash_set<std::uint64_t> live;     // allocated, not yet free_completed
+  absl::flat_hash_set<std::uint64_t> pending;  // free_requested, not yet free_completed
+  for (const HistoryEvent& e : snapshot.history) {
+    TraceEvent out{e.address, e.size, e.stream, e.time_us, 0, TraceAction::kAlloc};
+    switch (e.action) {
+      case HistoryAction::kAlloc:
+        if (!live.insert(e.address).second) continue;
+        break;
+      case HistoryAction::kFreeRequested:
+        if (!live.contains(e.address)) continue;
+        pending.insert(e.address);
+        out.action = TraceAction::kFreeRequested;
+        break;
+      case HistoryAction::kFreeCompleted:
+        // Blocks allocated before the ring's oldest event cannot be freed by the replay.
+        if (live.erase(e.address) == 0) continue;
+        pending.erase(e.address);
+        out.action = TraceAction::kFreeCompleted;
+        break;
+      case HistoryAction::kSegmentAlloc:
+        out.action = TraceAction::kSegmentAlloc;
+        break;
+      case HistoryAction::kSegmentFree:
+        out.action = TraceAction::kSegmentFree;
+        break;
+      case HistoryAction::kSegmentMap:
+        out.action = TraceAction::kSegmentMap;
+        break;
+      case HistoryAction::kSegmentUnmap:
+        out.action = TraceAction::kSegmentUnmap;
+        break;
+      case HistoryAction::kOom:
+      case HistoryAction::kSnapshot:
+        continue;
+    }
+    trace.events.push_back(out);
+  }
+  return trace;
 }
 
 std::string FormatTraceCsv(const Trace& trace) {

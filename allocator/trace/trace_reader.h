@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "allocator/snapshot/memory_snapshot.h"
 
 namespace graphalloc {
 
@@ -65,9 +66,16 @@ absl::StatusOr<Trace> ParseTrace(absl::string_view csv, absl::string_view source
 // Decompresses gzip data (one or more members). DataLoss for truncated or corrupt data.
 absl::StatusOr<std::string> GunzipBytes(absl::string_view gz, absl::string_view source);
 
-// Reads a trace file, plain or gzip'd. NotFound when it cannot be opened; DataLoss for a truncated or
-// corrupt gzip stream; InvalidArgument for bad CSV. Errors start with `path`.
+// Reads a trace file: PyTorch's CSV, plain or gzip'd, or a graphalloc snapshot (JSON, see
+// docs/snapshot_format.md) whose recorded history becomes the trace. NotFound when it cannot be opened;
+// DataLoss for a truncated or corrupt gzip stream; InvalidArgument for bad CSV or a bad snapshot. Errors
+// start with `path`.
 absl::StatusOr<Trace> ReadTrace(const std::string& path);
+
+// The allocation history of a snapshot as a trace. When the history ring overflowed, frees of blocks whose
+// allocation fell out of the ring are dropped (the trace starts mid-run); OOM and snapshot events are not
+// trace events. InvalidArgument when the snapshot recorded no history.
+absl::StatusOr<Trace> TraceFromHistory(const MemorySnapshot& snapshot, absl::string_view name);
 
 // The trace as CSV text, header included; ParseTrace() reads it back to an equal trace (line numbers aside).
 std::string FormatTraceCsv(const Trace& trace);

@@ -75,7 +75,10 @@ absl::StatusOr<TraceSummary> SummarizeTrace(const Trace& trace) {
       }
       ++summary.allocs;
       live_bytes += e.size;
-      summary.peak_live_bytes = std::max(summary.peak_live_bytes, live_bytes);
+      if (live_bytes > summary.peak_live_bytes) {
+        summary.peak_live_bytes = live_bytes;
+        summary.peak_live_event = i;
+      }
     } else if (e.action == TraceAction::kFreeCompleted) {
       auto it = live.find(e.addr);
       if (it == live.end()) {
@@ -132,6 +135,7 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, CachingAllocator& a
         break;
       }
       live.emplace(e.addr, *ptr);
+      if (options.snapshot_hook && i == summary->peak_live_event) options.snapshot_hook("peak", allocator);
       if (options.touch_memory) {
         if (absl::Status s = Touch(driver, *ptr, e.size, *stream); !s.ok()) {
           error = WithEvent(s, trace, i, "touching the allocated block");
@@ -175,6 +179,8 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, CachingAllocator& a
   result.ratio = result.peak_live_bytes == 0 ? 0.0
                                              : static_cast<double>(result.peak_reserved_bytes) /
                                                    static_cast<double>(result.peak_live_bytes);
+
+  if (options.snapshot_hook && error.ok()) options.snapshot_hook(result.completed ? "end" : "oom", allocator);
 
   // Leave the allocator with nothing of the trace's live: free what the trace never freed.
   for (const auto& [addr, ptr] : live) {

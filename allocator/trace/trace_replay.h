@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -26,6 +27,10 @@ struct ReplayOptions {
   // Write to each allocated block (its first and last 4 KiB, through the driver on the block's stream),
   // so memory that is not really usable faults. Off by default: it costs a driver call per allocation.
   bool touch_memory = false;
+  // Called with the allocator as it is at the trace's peak of live bytes ("peak", right after the event
+  // that first reaches it) and when the replay ends ("end", or "oom" when an allocation failed), before
+  // the blocks still live are freed. For snapshots (CachingAllocator::TakeSnapshot).
+  std::function<void(absl::string_view label, CachingAllocator& allocator)> snapshot_hook = nullptr;
 };
 
 // Where and why a replay stopped: an allocation the allocator refused (out of memory).
@@ -56,6 +61,7 @@ struct TraceSummary {
   std::size_t allocs = 0;
   std::size_t frees = 0;  // free_completed rows
   std::uint64_t peak_live_bytes = 0;
+  std::size_t peak_live_event = 0;  // index of the event that first reaches peak_live_bytes
 };
 absl::StatusOr<TraceSummary> SummarizeTrace(const Trace& trace);
 

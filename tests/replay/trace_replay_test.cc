@@ -3,6 +3,8 @@
 // except those that need the simulated device's capacity.
 #include "allocator/trace/trace_replay.h"
 
+#include "allocator/snapshot/memory_snapshot.h"
+
 #include <memory>
 #include <string>
 
@@ -265,6 +267,41 @@ TEST_F(TraceReplayTest, SameTraceTwiceGivesTheSameNumbers) {
   EXPECT_EQ(a.peak_reserved_bytes, b.peak_reserved_bytes);
   EXPECT_EQ(a.allocs, 200u);
   EXPECT_EQ(a.frees, 50u);
+}
+
+TEST_F(TraceReplayTest, SnapshotHookSeesThePeakAndTheEnd) {
+  if (!MakeAllocator()) GTEST_SKIP() << skip_reason_;
+  std::vector<std::pair<std::string, std::uint64_t>> seen;  // label, allocated bytes then
+  ReplayOptions options;
+  options.snapshot_hook = [&](absl::string_view label, CachingAllocator& allocator) {
+    MemorySnapshot s = allocator.TakeSnapshot(label);
+    seen.emplace_back(std::string(label), ComputeTotals(s).allocated_bytes);
+  };
+  ReplayOk(Parse("alloc,1,4096,0,1\n"
+                 "alloc,2,8192,0,2\n"
+                 "free_completed,1,4096,0,3\n"
+                 "alloc,3,1024,0,4\n"),
+           options);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], (std::pair<std::string, std::uint64_t>{"peak", 4096 + 8192}));
+  EXPECT_EQ(seen[1], (std::pair<std::string, std::uint64_t>{"end", 8192 + 1024}));
+}
+
+TEST_F(TraceReplayTest, HistoryOfASnapshotReplaysAsATrace) {
+  if (!MakeAllocator()) GTEST_SKIP() << skip_reason_;
+  ASSERT_TRUE(allocator_->RecordHistory(HistoryOptions{true, 1000, false}).ok());
+  ReplayOk(Parse("alloc,1,4096,0,1\n"
+                 "alloc,2,8192,0,2\n"
+                 "free_completed,1,4096,0,3\n"));
+  absl::StatusOr<Trace> trace = TraceFromHistory(allocator_->TakeSnapshot("end"), "history");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  absl::StatusOr<TraceSummary> summary = SummarizeTrace(*trace);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->allocs, 2u);
+  EXPECT_EQ(summary->frees, 2u);  // the replay freed the block left live at its end
+  EXPECT_EQ(summary->peak_live_bytes, 4096u + 8192u);
+  MemorySnapshot empty;
+  EXPECT_EQ(TraceFromHistory(empty, "x").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
