@@ -144,13 +144,30 @@ def _declare(lib: ctypes.CDLL) -> None:
             f.argtypes = argtypes
 
 
+def _dlopen_mode() -> int:
+    """How libgraphalloc.so is loaded: $GRAPHALLOC_DLOPEN = deepbind (default), local or global.
+
+    Never RTLD_GLOBAL by default: libgraphalloc.so exports the C++ template instantiations it uses (nlohmann
+    json, absl, libstdc++ vague linkage), and loaded into the global scope they interpose on PyTorch's own
+    copies: on the H100 with PyTorch 2.11 a cuDNN convolution then segfaulted in the host code. RTLD_LOCAL
+    keeps ours out of the others' lookups and RTLD_DEEPBIND keeps theirs out of ours. The first load's flags
+    stay for the process (PyTorch's CUDAPluggableAllocator later dlopens the same file and gets this handle).
+    """
+    choice = os.environ.get("GRAPHALLOC_DLOPEN", "deepbind")
+    if choice == "global":
+        return ctypes.RTLD_GLOBAL
+    if choice == "local":
+        return ctypes.RTLD_LOCAL
+    return ctypes.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0)
+
+
 def library() -> ctypes.CDLL:
-    """The loaded libgraphalloc.so (loaded once, RTLD_GLOBAL, from ``library_path()``)."""
+    """The loaded libgraphalloc.so (loaded once, from ``library_path()``, with ``_dlopen_mode()``)."""
     global _lib, _lib_path
     with _lock:
         if _lib is None:
             path = library_path()
-            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            lib = ctypes.CDLL(path, mode=_dlopen_mode())
             _declare(lib)
             _lib, _lib_path = lib, path
         return _lib

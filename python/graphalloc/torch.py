@@ -170,7 +170,7 @@ def _patch_torch(torch) -> None:
 
 
 def install(device: Union[int, str, None, Any] = None, config: Optional[str] = None,
-            patch_torch: bool = True):
+            patch_torch: bool = True, hooks: bool = True):
     """Makes graphalloc PyTorch's CUDA allocator for this process; returns the CUDAPluggableAllocator.
 
     Must run before anything initialises CUDA in PyTorch (the first CUDA tensor, torch.cuda.init(),
@@ -178,7 +178,9 @@ def install(device: Union[int, str, None, Any] = None, config: Optional[str] = N
     record_history:True") is set as GRAPHALLOC_CONF for the allocators graphalloc creates on first use.
     `device` is the device the functions of this module use when theirs is None (default: the current
     one); graphalloc serves every device either way. With patch_torch, torch.cuda.memory_stats() and the
-    functions built on it report graphalloc's statistics. Calling install() again returns the same allocator.
+    functions built on it report graphalloc's statistics. hooks=False leaves the pluggable allocator's extra
+    hooks (record_stream, empty_cache, memory fraction) unset. Calling install() again returns the same
+    allocator.
     """
     global _allocator, _default_device
     import torch
@@ -205,7 +207,8 @@ def install(device: Union[int, str, None, Any] = None, config: Optional[str] = N
         _ga.library()  # load it (same path: PyTorch's ctypes.CDLL gets the same handle)
         allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "graphalloc_torch_malloc",
                                                              "graphalloc_torch_free")
-        _wire_hooks(allocator.allocator())
+        if hooks:
+            _wire_hooks(allocator.allocator())
         try:
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:
