@@ -23,6 +23,9 @@ foreach(kind STATIC SHARED)
   target_compile_features(${target} PUBLIC cxx_std_20)
 endforeach()
 
+target_link_options(graphalloc_shared PRIVATE "-Wl,--version-script=${PROJECT_SOURCE_DIR}/cmake/graphalloc.map")
+set_property(TARGET graphalloc_shared APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/graphalloc.map)
+
 # graphalloc::graphalloc is the shared library: the one PyTorch loads and C++ users link.
 add_library(graphalloc INTERFACE)
 target_link_libraries(graphalloc INTERFACE graphalloc_shared)

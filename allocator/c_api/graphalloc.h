@@ -58,6 +58,11 @@ int graphalloc_record_history(int device, int enabled, size_t max_entries, int s
 /* PyTorch's pluggable-allocator record_stream hook (set_record_stream_fn): `ptr`, from any device's
  * allocator, is used on `stream` too. A bad pointer is reported on stderr and in graphalloc_last_error(). */
 void graphalloc_torch_record_stream(void* ptr, graphalloc_stream stream);
+/* PyTorch's pluggable-allocator reset hook (set_reset_fn, called by torch.cuda.empty_cache()): empties the
+ * cache of every device's allocator created so far. Errors go to stderr and graphalloc_last_error(). */
+void graphalloc_torch_empty_cache(void);
+/* PyTorch's set_memory_fraction_fn hook: graphalloc_set_memory_fraction with errors reported on stderr. */
+void graphalloc_torch_set_memory_fraction(double fraction, int device);
 /* Resets the peak values, or the accumulated counters, of the statistics of `device`. */
 int graphalloc_reset_peak_stats(int device);
 int graphalloc_reset_accumulated_stats(int device);

@@ -196,6 +196,23 @@ int graphalloc_reset_accumulated_stats(int device) {
   });
 }
 
+void graphalloc_torch_empty_cache(void) {
+  for (int device = 0; device < graphalloc::kMaxDevices; ++device) {
+    graphalloc::CachingAllocator* allocator = graphalloc::ExistingDefaultAllocator(device);
+    if (allocator == nullptr) continue;
+    if (Guarded([&] { return allocator->EmptyCache(); }) != GRAPHALLOC_OK) {
+      std::fprintf(stderr, "graphalloc: empty_cache on device %d: %s\n", device,
+                   graphalloc::last_error.c_str());
+    }
+  }
+}
+
+void graphalloc_torch_set_memory_fraction(double fraction, int device) {
+  if (graphalloc_set_memory_fraction(fraction, device) != GRAPHALLOC_OK) {
+    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::last_error.c_str());
+  }
+}
+
 const char* graphalloc_last_error(void) { return graphalloc::last_error.c_str(); }
 
 }  // extern "C"
