@@ -178,7 +178,7 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
   }
   block->allocated = true;
   block->requested_size = requested;
-  shard.allocated.emplace(block->ptr, block);
+  shard.allocated.Insert(block->ptr, block);
   UpdateAllocationStats(shard, block, small, +1);
   stats.active.Increase(small, 1);
   stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
@@ -215,7 +215,7 @@ DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, 
   const bool small = pool.is_small;
   block->allocated = true;
   block->requested_size = requested;
-  shard.allocated.emplace(block->ptr, block);
+  shard.allocated.Insert(block->ptr, block);
   UpdateAllocationStats(shard, block, small, +1);
   shard.stats.active.Increase(small, 1);
   shard.stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
@@ -245,9 +245,8 @@ void CachingAllocator::UpdateAllocationStats(StreamShard& shard, const Block* bl
 StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
   auto try_shard = [&](StreamShard* shard) {
     shard->mu.Lock();
-    auto it = shard->allocated.find(ptr);
-    if (it != shard->allocated.end()) {
-      *block = it->second;
+    if (Block* found = shard->allocated.Find(ptr)) {
+      *block = found;
       return true;
     }
     shard->mu.Unlock();
@@ -274,7 +273,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->size,
                   static_cast<std::uint64_t>(block->stream), 0);
   if (block->stream_uses.empty()) {
-    shard->allocated.erase(ptr);
+    shard->allocated.Erase(ptr);
     block->allocated = false;
     UpdateAllocationStats(*shard, block, block->segment->pool->is_small, -1);
     block->requested_size = 0;

@@ -124,8 +124,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
         if (in_quick != b->in_quick) {
           return Violation(absl::StrFormat("block 0x%x's quick-cache flag disagrees with the cache", b->ptr));
         }
-        auto it = shard->allocated.find(b->ptr);
-        const bool in_map = it != shard->allocated.end() && it->second == b;
+        const bool in_map = shard->allocated.Find(b->ptr) == b;
         const bool is_free = !b->allocated && b->event_count == 0;
         if (b->allocated) {
           ++e.allocated_blocks;

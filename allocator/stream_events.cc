@@ -37,7 +37,7 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   block->freeing = false;
   // On failure the block stays allocated, exactly as before the call.
   if (!status.ok()) return status;
-  shard.allocated.erase(ptr);
+  shard.allocated.Erase(ptr);
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->size,
                   static_cast<std::uint64_t>(block->stream), 0);
   block->allocated = false;

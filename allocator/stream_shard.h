@@ -15,6 +15,7 @@
 #include "allocator/block.h"
 #include "allocator/block_pool.h"
 #include "allocator/mutex.h"
+#include "allocator/pointer_map.h"
 #include "allocator/quick_cache.h"
 #include "allocator/size_policy.h"
 #include "allocator/stats.h"
@@ -41,7 +42,7 @@ struct alignas(64) StreamShard {
   BlockPool large_pool ABSL_GUARDED_BY(mu){false, nullptr};
   QuickCache quick ABSL_GUARDED_BY(mu);
   BlockArena arena ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<DevicePtr, Block*> allocated ABSL_GUARDED_BY(mu);
+  PointerMap allocated ABSL_GUARDED_BY(mu);
   // Statistics of the blocks of this stream (allocation, active, inactive_split, ... - the per-block ones;
   // the per-segment ones live with the allocator).
   DeviceStats stats ABSL_GUARDED_BY(mu);
