@@ -52,6 +52,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
   }
   result = new_segment();
   if (!result.ok() || *result != 0) return result;
+  // A failed growth may have cached the handles it could not map: out of memory leaves nothing idle.
+  if (config_.expandable_segments) (void)ReleaseCachedHandles();
   return OutOfMemory(size, shard.stream);
 }
 

@@ -28,6 +28,13 @@ namespace {
 // when moved, an unmap.
 constexpr std::size_t kMaxReusedHandles = 64;
 
+// New physical memory is created in handles of at most this size. A chunk is unmapped only as a whole, so
+// one live block pins all of it: smaller chunks give memory back more finely, bigger ones cost fewer driver
+// calls. Measured on the shipped traces (sim replay, peak reserved / peak live): 20 MiB 1.014-1.020,
+// 64 MiB 1.003-1.021, 128 MiB 1.003-1.029, unbounded up to 1.084 (gpt2_train); 64 MiB keeps 1 GiB of
+// growth at 16 handles.
+constexpr std::size_t kMaxChunkSize = std::size_t{64} << 20;
+
 std::size_t RoundUpTo(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
 
 // Free (or unmapped), and owned by no one: may join a growth's run.
@@ -210,10 +217,15 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
       }
       if (best != nullptr) take_idle(*best);
     }
-    if (have < need) {
-      hole.sources.push_back({need - have, PhysicalHandle{}, -1, true});
-      plan->new_bytes += need - have;
-      have = need;
+    {
+      // New memory comes in handles of at most kMaxChunkSize (see there).
+      const std::size_t max_chunk = std::max(gran, kMaxChunkSize / gran * gran);
+      while (have < need) {
+        const std::size_t n = std::min(need - have, max_chunk);
+        hole.sources.push_back({n, PhysicalHandle{}, -1, true});
+        plan->new_bytes += n;
+        have += n;
+      }
     }
     if (have < hole.block->size) {
       // Only the last hole can be larger than what it maps: the rest stays unmapped.
