@@ -252,7 +252,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
         prev_parked = in_quick;
       }
       close_run(/*whole_segment=*/run_bytes == segment->size);
-      if (block_mapped != chunk_mapped) {
+      if (expandable && block_mapped != chunk_mapped) {
         return Violation(
             absl::StrFormat("segment 0x%x: mapped blocks and mapped chunks disagree (%d and %d ranges)", base,
                             block_mapped.size(), chunk_mapped.size()));
