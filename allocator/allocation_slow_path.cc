@@ -22,6 +22,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
   };
   auto new_segment = [&]() -> absl::StatusOr<DevicePtr> {
     if (DevicePtr p = from_cache()) return p;
+    if (config_.expandable_segments) return AllocateExpandable(shard, size, requested);
     return AllocateSegment(shard, size, requested);
   };
 
@@ -51,6 +52,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
   }
   result = new_segment();
   if (!result.ok() || *result != 0) return result;
+  // A failed growth may have cached the handles it could not map: out of memory leaves nothing idle.
+  if (config_.expandable_segments) (void)ReleaseCachedHandles();
   return OutOfMemory(size, shard.stream);
 }
 
@@ -123,7 +126,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(bool only_ov
       if (only_oversize && pool->is_small) continue;
       for (const FreeKey& key : pool->blocks) {
         Block* b = key.block;
-        if (b->IsSplit()) continue;
+        if (b->IsSplit() || b->segment->expandable) continue;
         if (only_oversize && b->size < config_.max_split_size) continue;
         candidates.push_back(b);
       }
@@ -161,6 +164,12 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(bool only_ov
   }
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
+  if (!only_oversize) {
+    // Expandable segments give back their free pages wherever they are (never counted as oversize).
+    absl::StatusOr<std::size_t> unmapped = ReleaseExpandableMemory();
+    if (!unmapped.ok()) return unmapped.status();
+    freed += *unmapped;
+  }
   return freed;
 }
 
@@ -212,7 +221,7 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
       FlushQuickCache(*shard);
       const BlockPool& pool = shard->large_pool;
       for (const FreeKey& key : pool.blocks) {
-        if (key.block->IsSplit()) continue;
+        if (key.block->IsSplit() || key.block->segment->expandable) continue;
         candidates.push_back(key.block);
         total_age += static_cast<double>(pool.free_block_lookups - key.block->gc_count_base);
       }

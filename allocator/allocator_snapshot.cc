@@ -39,6 +39,16 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
     out.pool_id = 0;
     out.kind = segment->pool->is_small ? SegmentKind::kSmall : SegmentKind::kLarge;
     out.expandable = segment->expandable;
+    if (segment->vmm != nullptr) {
+      for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
+        const std::uint64_t offset = ptr - segment->base;
+        if (!out.mapped.empty() && out.mapped.back().offset + out.mapped.back().size == offset) {
+          out.mapped.back().size += chunk.size;
+        } else {
+          out.mapped.push_back({offset, chunk.size});
+        }
+      }
+    }
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
       // Adjacent free blocks exist only while one of them is parked in the quick cache; they are shown
       // merged, as coalescing leaves them and as the statistics count them. (Merging them here would change

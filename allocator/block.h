@@ -14,6 +14,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "allocator/device/driver.h"
+#include "allocator/expandable_segment.h"
 
 namespace graphalloc {
 
@@ -33,7 +34,10 @@ struct Block {
   bool mapped = true;     // false only for unmapped address ranges of an expandable segment
   bool freeing = false;   // Free() is recording its stream events with the lock released
   bool in_quick = false;  // free, and parked in its shard's QuickCache rather than the free index
-  int event_count = 0;    // stream events still to complete before the block may be reused
+  // Taken out of every index while its shard's lock is released for driver calls (an expandable segment
+  // growing into it or unmapping it); nothing merges with it or allocates it meanwhile.
+  bool in_flight = false;
+  int event_count = 0;  // stream events still to complete before the block may be reused
   absl::InlinedVector<Stream, 1> stream_uses;  // other streams recorded with RecordStream
   std::uint64_t gc_count_base = 0;             // pool clock when the block became free (GC age)
   Block* quick_prev = nullptr;                 // QuickCache slot list links
@@ -48,7 +52,7 @@ struct Block {
     stream = kDefaultStream;
     segment = nullptr;
     prev = next = nullptr;
-    allocated = freeing = in_quick = false;
+    allocated = freeing = in_quick = in_flight = false;
     quick_prev = quick_next = nullptr;
     mapped = true;
     event_count = 0;
@@ -66,6 +70,8 @@ struct Segment {
   BlockPool* pool = nullptr;
   Block* head = nullptr;
   bool expandable = false;
+  // Expandable segments only: the reservation's mapped chunks (guarded by the owning shard's lock).
+  std::unique_ptr<ExpandableSegment> vmm;
   // Intrusive list of every segment of the allocator, for snapshots and invariant checks.
   Segment* prev_segment = nullptr;
   Segment* next_segment = nullptr;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "allocator/block.h"
 
@@ -39,6 +40,8 @@ struct BlockPool {
   const bool is_small;
   PrivatePool* const owner;  // nullptr for the device's default pool
   absl::btree_set<FreeKey> blocks;
+  // Unmapped address ranges of this pool's expandable segments, by address (never in `blocks`).
+  absl::btree_map<DevicePtr, Block*> unmapped;
   std::uint64_t free_block_lookups = 0;  // clock for garbage-collection ages
 };
 

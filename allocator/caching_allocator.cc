@@ -24,7 +24,7 @@ thread_local ShardCache tls_shard;
 
 bool Mergeable(const Block* dst, const Block* src) {
   return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
-         src->mapped == dst->mapped;
+         src->mapped == dst->mapped && !src->in_flight;
 }
 
 }  // namespace
@@ -65,9 +65,18 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     (void)driver_->EventDestroy(e);
   }
   for (auto& [base, segment] : segments_) {
-    (void)driver_->MemFree(segment->base);
+    if (segment->vmm != nullptr) {
+      for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
+        (void)driver_->MemUnmap(ptr, chunk.size);
+        (void)driver_->MemRelease(chunk.handle);
+      }
+      (void)driver_->AddressFree(segment->base, segment->size);
+    } else {
+      (void)driver_->MemFree(segment->base);
+    }
     delete segment;
   }
+  for (const ChunkPlacement& h : handle_cache_.TakeAll()) (void)driver_->MemRelease(h.handle);
   ForEachShard([](StreamShard* shard) { delete shard; });
 }
 
@@ -134,7 +143,12 @@ Block* CachingAllocator::TakeFreeBlock(StreamShard& /*shard*/, BlockPool& pool, 
   auto it = pool.LowerBound(size);
   if (it == pool.blocks.end()) return nullptr;
   Block* block = it->block;
-  // Oversize blocks serve only oversize requests, and those only when the waste stays bounded.
+  // Oversize blocks serve only oversize requests, and those only when the waste stays bounded (not in
+  // expandable segments, whose blocks always split: PyTorch's rule too).
+  if (block->segment->expandable) {
+    pool.blocks.erase(it);
+    return block;
+  }
   if (size < config_.max_split_size && block->size >= config_.max_split_size) return nullptr;
   if (size >= config_.max_split_size && block->size >= size + config_.max_non_split_rounding_size) {
     return nullptr;
@@ -149,9 +163,11 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
   const std::size_t remaining = block->size - size;
   // Large blocks keep remainders of up to 1 MiB (internal fragmentation beats unusable slivers);
   // oversize blocks are never split.
-  const bool split =
-      small ? remaining >= kMinBlockSize : (size < config_.max_split_size && remaining > kSmallSize);
-  const bool was_split = block->IsSplit();
+  // Expandable segments split any remainder: their free space is contiguous and merges back.
+  const bool expandable = block->segment->expandable;
+  const bool split = small || expandable ? remaining >= kMinBlockSize
+                                         : (size < config_.max_split_size && remaining > kSmallSize);
+  const bool was_split = block->IsSplit() && !expandable;  // inactive_split excludes expandable blocks
   DeviceStats& stats = shard.stats;
   if (split) {
     Block* rest = shard.arena.New();
@@ -168,7 +184,7 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
     pool.Insert(rest);
     if (was_split) {
       stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(size));
-    } else {
+    } else if (!expandable) {
       stats.inactive_split.Increase(small, 1);
       stats.inactive_split_bytes.Increase(small, static_cast<std::int64_t>(remaining));
     }
@@ -311,6 +327,12 @@ void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
   block->allocated = false;
   const bool small = pool.is_small;
   DeviceStats& stats = shard.stats;
+  if (block->segment->expandable) {
+    // No inactive_split accounting for expandable segments (as PyTorch).
+    for (Block* neighbour : {block->prev, block->next}) TryMerge(shard, block, neighbour, pool);
+    pool.Insert(block);
+    return;
+  }
   std::int64_t split_blocks_delta = 0;
   std::int64_t split_bytes_delta = 0;
   for (Block* neighbour : {block->prev, block->next}) {
@@ -333,7 +355,8 @@ void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
 
 void CachingAllocator::AccountRunChange(StreamShard& shard, Block* block, bool joining) {
   // The free neighbours on each side form runs that coalescing would merge with `block`; a run counts as
-  // one inactive split block unless it covers its whole segment.
+  // one inactive split block unless it covers its whole segment. Expandable segments count none.
+  if (block->segment->expandable) return;
   std::size_t left_bytes = 0, right_bytes = 0;
   const Block* p = block->prev;
   for (; p != nullptr && Mergeable(block, p); p = p->prev) left_bytes += p->size;
@@ -359,6 +382,8 @@ bool CachingAllocator::TryMerge(StreamShard& shard, Block* dst, Block* src, Bloc
   if (!Mergeable(dst, src)) return false;
   if (src->in_quick) {
     shard.quick.Remove(src);
+  } else if (!src->mapped) {
+    pool.unmapped.erase(src->ptr);
   } else {
     pool.Erase(src);
   }

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -29,6 +30,7 @@
 #include "allocator/block_pool.h"
 #include "allocator/config.h"
 #include "allocator/device/driver.h"
+#include "allocator/handle_cache.h"
 #include "allocator/history/history_ring.h"
 #include "allocator/mutex.h"
 #include "allocator/snapshot/memory_snapshot.h"
@@ -73,6 +75,10 @@ class CachingAllocator {
   double GetMemoryFraction() const;
   // Caps reserved memory at `bytes` (0 removes the cap); for replays that emulate a smaller device.
   void SetMemoryLimit(std::size_t bytes);
+
+  // Enables peer access from device `peer_ordinal` to this device's memory (Driver::EnablePeerAccess):
+  // every mapped chunk of an expandable segment, and every one mapped later, grants it access too.
+  absl::Status EnablePeerAccess(int peer_ordinal);
 
   // Turns the allocation history on or off (see HistoryOptions); GRAPHALLOC_CONF's record_history,
   // history_max_entries and history_stacks set it at creation.
@@ -140,6 +146,38 @@ class CachingAllocator {
   void LinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   void UnlinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   absl::StatusOr<std::size_t> GarbageCollect();
+
+  // ---- Expandable segments (expandable_growth.cc, expandable_release.cc). ----
+  struct GrowthPlan;
+  // Serves `size` from the shard's expandable segment of its pool kind, mapping physical memory where
+  // the request needs it (and moving idle chunks of the shard there first); 0 when there is no room.
+  absl::StatusOr<DevicePtr> AllocateExpandable(StreamShard& shard, std::size_t size, std::size_t requested);
+  bool PlanGrowth(StreamShard& shard, BlockPool& pool, std::size_t size, GrowthPlan* plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // Runs the plan's driver calls (no lock held) and settles its blocks; false when it could not map.
+  absl::StatusOr<bool> ExecuteGrowth(StreamShard& shard, GrowthPlan& plan);
+  // Reserves a new expandable segment for the shard's small or large pool.
+  absl::Status CreateExpandableSegment(StreamShard& shard, bool small);
+  // Unmaps every chunk wholly covered by free blocks, releases every cached handle and every expandable
+  // segment left wholly unmapped; returns the bytes unmapped.
+  absl::StatusOr<std::size_t> ReleaseExpandableMemory();
+  // Releases every cached physical handle to the device.
+  absl::Status ReleaseCachedHandles();
+  // Splits `b` at `at`: `b` keeps [ptr, at), the returned new block gets [at, end) with b's state.
+  Block* SplitOff(StreamShard& shard, Block* b, DevicePtr at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // Takes [begin, end) out of the free block `b` (indexed) as an in-flight block; the rest stays free.
+  Block* CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // A block out of every index (in flight or just mapped/unmapped) goes back: merged with neighbours of
+  // its mapped state, into the free index or the unmapped index.
+  void ReturnToIndex(StreamShard& shard, Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // The in-flight block `b`, tiled exactly by `chunks`, goes back with chunk i mapped iff mapped[i].
+  void SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,
+                      const std::vector<bool>& mapped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // Chunk bookkeeping for a map or an unmap that happened (chunk map, reserved bytes, counters, history).
+  void AccountMapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
+  void AccountUnmapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
+  absl::Status CheckExpandableInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   absl::Status OutOfMemory(std::size_t size, Stream stream);
 
   // ---- Stream events (stream_events.cc). ----
@@ -171,6 +209,11 @@ class CachingAllocator {
   std::size_t reserved_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;  // segment bytes being allocated unlocked
   std::size_t memory_limit_ ABSL_GUARDED_BY(device_mu_) = 0;        // 0: no cap
   double memory_fraction_ ABSL_GUARDED_BY(device_mu_) = 1.0;
+  // Expandable segments: unmapped physical handles kept for reuse, physical bytes taken out of that cache
+  // or being created for a growth not yet accounted as reserved, and the peers every mapping grants.
+  HandleCache handle_cache_ ABSL_GUARDED_BY(device_mu_);
+  std::size_t growth_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;
+  std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);
 };
 
 }  // namespace graphalloc

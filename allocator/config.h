@@ -33,8 +33,9 @@ struct Config {
   std::array<std::size_t, kRoundUpPowerOfTwoIntervals> roundup_power2_divisions{};
   // Fraction of the memory fraction's limit above which cached blocks are reclaimed (0: off).
   double garbage_collection_threshold = 0.0;
-  // Grow segments by mapping physical pages into reserved address ranges (CUDA VMM).
-  bool expandable_segments = false;
+  // Grow segments by mapping physical pages into reserved address ranges (CUDA VMM); False: one
+  // cuMemAlloc per segment, as PyTorch's default.
+  bool expandable_segments = true;
   // Cap on this allocator's reserved memory as a fraction of the device's total (1.0: no cap).
   double per_process_memory_fraction = 1.0;
   // Allocation history (snapshots' "history"): on from the start, how many events kept, with C++ stacks.

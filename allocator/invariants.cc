@@ -1,4 +1,6 @@
 // CheckInvariants(): recomputes everything the allocator tracks incrementally and compares.
+#include <vector>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -19,7 +21,19 @@ struct ShardExpectation {
   std::size_t quick_blocks = 0;
   std::size_t blocks = 0;
   std::size_t event_waits = 0;
+  std::size_t unmapped_blocks = 0;  // indexed unmapped blocks (not in flight)
+  std::size_t in_flight_blocks = 0;
 };
+
+// Merged [begin, end) intervals.
+using Intervals = std::vector<std::pair<DevicePtr, DevicePtr>>;
+void AddInterval(Intervals& v, DevicePtr begin, DevicePtr end) {
+  if (!v.empty() && v.back().second == begin) {
+    v.back().second = end;
+  } else {
+    v.emplace_back(begin, end);
+  }
+}
 
 absl::Status CompareArrays(absl::string_view scope, const DeviceStats& tracked, const DeviceStats& actual,
                            bool block_stats) {
@@ -83,9 +97,37 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
       }
       ShardExpectation& e = expected[shard];
       const bool small = segment->pool->is_small;
-      device_expected.segment.Increase(small, 1);
-      device_expected.reserved_bytes.Increase(small, static_cast<std::int64_t>(segment->size));
-      if (segment->size >= config_.max_split_size) device_expected.oversize_segments.Increase(small, 1);
+      const bool expandable = segment->expandable;
+      if (expandable != (segment->vmm != nullptr)) {
+        return Violation(absl::StrFormat("segment 0x%x: expandable flag and chunk map disagree", base));
+      }
+      Intervals block_mapped, chunk_mapped;
+      if (expandable) {
+        // Reserved bytes of an expandable segment are its mapped chunks; it is not counted as a segment.
+        std::size_t chunk_bytes = 0;
+        const std::size_t gran = driver_->Info().granularity;
+        for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
+          if (ptr < base || ptr + chunk.size > base + segment->size || ptr % gran != 0 || chunk.size == 0 ||
+              chunk.size % gran != 0) {
+            return Violation(
+                absl::StrFormat("segment 0x%x: chunk 0x%x (%d bytes) is misplaced", base, ptr, chunk.size));
+          }
+          if (!chunk_mapped.empty() && ptr < chunk_mapped.back().second) {
+            return Violation(absl::StrFormat("segment 0x%x: chunk 0x%x overlaps another", base, ptr));
+          }
+          AddInterval(chunk_mapped, ptr, ptr + chunk.size);
+          chunk_bytes += chunk.size;
+        }
+        if (chunk_bytes != segment->vmm->mapped_bytes()) {
+          return Violation(absl::StrFormat("segment 0x%x: chunks add up to %d bytes, the segment says %d",
+                                           base, chunk_bytes, segment->vmm->mapped_bytes()));
+        }
+        device_expected.reserved_bytes.Increase(small, static_cast<std::int64_t>(chunk_bytes));
+      } else {
+        device_expected.segment.Increase(small, 1);
+        device_expected.reserved_bytes.Increase(small, static_cast<std::int64_t>(segment->size));
+        if (segment->size >= config_.max_split_size) device_expected.oversize_segments.Increase(small, 1);
+      }
       if (segment->head == nullptr || segment->head->prev != nullptr) {
         return Violation(absl::StrFormat("segment 0x%x has no head block", base));
       }
@@ -97,7 +139,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
       // way coalescing would leave it: parked blocks are merged only lazily.
       std::size_t run_bytes = 0;
       auto close_run = [&](bool whole_segment) {
-        if (run_bytes > 0 && !whole_segment) {
+        if (run_bytes > 0 && !whole_segment && !expandable) {
           e.stats.inactive_split.Increase(small, 1);
           e.stats.inactive_split_bytes.Increase(small, static_cast<std::int64_t>(run_bytes));
         }
@@ -119,6 +161,44 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
               absl::StrFormat("block 0x%x has size %d, not a positive multiple of 512", b->ptr, b->size));
         }
         expected_ptr += b->size;
+        if (b->mapped) AddInterval(block_mapped, b->ptr, b->end());
+        if (b->in_flight) {
+          ++e.in_flight_blocks;
+          if (b->allocated || b->in_quick || segment->pool->Contains(b) ||
+              segment->pool->unmapped.contains(b->ptr)) {
+            return Violation(absl::StrFormat("in-flight block 0x%x is allocated or indexed", b->ptr));
+          }
+        }
+        if (!b->mapped) {
+          const std::size_t gran = driver_->Info().granularity;
+          if (!expandable || b->allocated || b->event_count > 0 || b->ptr % gran != 0 ||
+              b->size % gran != 0) {
+            return Violation(absl::StrFormat(
+                "unmapped block 0x%x is not an aligned free range of an expandable segment", b->ptr));
+          }
+          auto u = segment->pool->unmapped.find(b->ptr);
+          const bool indexed = u != segment->pool->unmapped.end() && u->second == b;
+          if (indexed == b->in_flight) {
+            return Violation(absl::StrFormat("unmapped block 0x%x: in the unmapped index %d, in flight %d",
+                                             b->ptr, indexed, b->in_flight));
+          }
+          if (prev != nullptr && !prev->mapped && !prev->in_flight && !b->in_flight) {
+            return Violation(
+                absl::StrFormat("adjacent unmapped blocks 0x%x and 0x%x were not merged", prev->ptr, b->ptr));
+          }
+          e.unmapped_blocks += indexed ? 1 : 0;
+        }
+        if (!b->mapped || b->in_flight) {
+          // Neither free nor active: unmapped, or out of every index while its shard does driver calls.
+          if (b->in_quick || segment->pool->Contains(b)) {
+            return Violation(
+                absl::StrFormat("unmapped or in-flight block 0x%x is in the free index", b->ptr));
+          }
+          close_run(/*whole_segment=*/false);
+          prev_free = false;
+          prev_parked = false;
+          continue;
+        }
         const bool in_index = segment->pool->Contains(b);
         const bool in_quick = shard->quick.Holds(b);
         if (in_quick != b->in_quick) {
@@ -171,10 +251,25 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
         prev_parked = in_quick;
       }
       close_run(/*whole_segment=*/run_bytes == segment->size);
+      if (expandable && block_mapped != chunk_mapped) {
+        return Violation(
+            absl::StrFormat("segment 0x%x: mapped blocks and mapped chunks disagree (%d and %d ranges)", base,
+                            block_mapped.size(), chunk_mapped.size()));
+      }
       if (expected_ptr != base + segment->size) {
         return Violation(absl::StrFormat("blocks of segment 0x%x cover %d bytes, not its %d", base,
                                          expected_ptr - base, segment->size));
       }
+    }
+    if (handle_cache_.bytes() != handle_cache_.RecomputeBytes()) {
+      return Violation(absl::StrFormat("handle cache counts %d bytes, its handles add up to %d",
+                                       handle_cache_.bytes(), handle_cache_.RecomputeBytes()));
+    }
+    std::size_t in_flight = 0;
+    for (const auto& [shard, e] : expected) in_flight += e.in_flight_blocks;
+    if (in_flight == 0 && growth_in_flight_ != 0) {
+      return Violation(
+          absl::StrFormat("%d bytes counted as growing with no growth under way", growth_in_flight_));
     }
     if (absl::Status s = CompareArrays("device", device_stats_, device_expected, /*block_stats=*/false);
         !s.ok()) {
@@ -188,6 +283,12 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
       if (e.allocated_blocks != shard->allocated.size()) {
         shard_status = Violation(absl::StrFormat("%s: pointer map holds %d entries for %d allocated blocks",
                                                  scope, shard->allocated.size(), e.allocated_blocks));
+        return;
+      }
+      const std::size_t unmapped = shard->small_pool.unmapped.size() + shard->large_pool.unmapped.size();
+      if (unmapped != e.unmapped_blocks) {
+        shard_status = Violation(absl::StrFormat("%s: unmapped index holds %d entries, blocks say %d", scope,
+                                                 unmapped, e.unmapped_blocks));
         return;
       }
       const std::size_t indexed = shard->small_pool.blocks.size() + shard->large_pool.blocks.size();

@@ -87,8 +87,15 @@ class AllocatorRandomizedTest : public AllocatorFixture {
   }
 };
 
+// The default configuration: expandable segments.
 TEST_F(AllocatorRandomizedTest, HundredThousandMixedOperationsKeepContentsAndInvariants) {
   Run(Config{}, 20261121, 100000);
+}
+
+TEST_F(AllocatorRandomizedTest, RegularSegmentsMixedOperationsKeepContentsAndInvariants) {
+  absl::StatusOr<Config> config = Config::Parse("expandable_segments:False");
+  ASSERT_TRUE(config.ok());
+  Run(*config, 20261122, 50000);
 }
 
 TEST_F(AllocatorRandomizedTest, MixedOperationsWithOversizeAndRoundingConfig) {

@@ -19,7 +19,7 @@ std::vector<HistoryAction> Actions(const MemorySnapshot& s) {
 }
 
 TEST_F(AllocatorSnapshotTest, SnapshotListsEverySegmentAndBlockWithExactFields) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(*Config::Parse("expandable_segments:False"));  // regular segments
   DevicePtr a = Alloc(1000);
   DevicePtr b = Alloc(3000);
   DevicePtr big = Alloc(30 * kMiB);
@@ -76,7 +76,8 @@ TEST_F(AllocatorSnapshotTest, JsonRoundTripOfATakenSnapshotIsExact) {
 }
 
 TEST_F(AllocatorSnapshotTest, HistoryRecordsAllocatorEventsInOrder) {
-  GRAPHALLOC_ALLOCATOR_SETUP(*Config::Parse("record_history:True,history_max_entries:1000"));
+  GRAPHALLOC_ALLOCATOR_SETUP(
+      *Config::Parse("record_history:True,history_max_entries:1000,expandable_segments:False"));
   DevicePtr a = Alloc(4096);
   FreeOk(a);
   ASSERT_TRUE(allocator_->EmptyCache().ok());

@@ -16,10 +16,18 @@ using ::testing::HasSubstr;
 
 constexpr std::int64_t MiB = static_cast<std::int64_t>(kMiB);
 
+// These tests check PyTorch's regular-segment rules, so they pin expandable_segments:False (expandable
+// segments have their own suite, expandable_segments_test.cc).
+Config RegularSegments() {
+  Config config;
+  config.expandable_segments = false;
+  return config;
+}
+
 class CachingAllocatorTest : public AllocatorFixture {};
 
 TEST_F(CachingAllocatorTest, SmallAllocationsShareOneTwoMiBSegment) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(1000);
   DevicePtr b = Alloc(1000);
   EXPECT_EQ(b, a + 1024);
@@ -37,7 +45,7 @@ TEST_F(CachingAllocatorTest, SmallAllocationsShareOneTwoMiBSegment) {
 }
 
 TEST_F(CachingAllocatorTest, FreedBlockIsReusedAtTheSameAddress) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(4096);
   FreeOk(a);
   DevicePtr b = Alloc(4000);
@@ -47,7 +55,7 @@ TEST_F(CachingAllocatorTest, FreedBlockIsReusedAtTheSameAddress) {
 }
 
 TEST_F(CachingAllocatorTest, BestFitTakesTheSmallestFreeBlockThatFits) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr x = Alloc(2048);
   DevicePtr sep1 = Alloc(512);
   DevicePtr y = Alloc(8192);
@@ -64,7 +72,7 @@ TEST_F(CachingAllocatorTest, BestFitTakesTheSmallestFreeBlockThatFits) {
 }
 
 TEST_F(CachingAllocatorTest, CoalescingMergesNeighboursAndTracksInactiveSplit) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(1024);
   DevicePtr b = Alloc(1024);
   DevicePtr c = Alloc(1024);
@@ -86,7 +94,7 @@ TEST_F(CachingAllocatorTest, CoalescingMergesNeighboursAndTracksInactiveSplit) {
 }
 
 TEST_F(CachingAllocatorTest, AnotherStreamDoesNotReuseAFreedBlock) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   Stream other = NewStream();
   DevicePtr a = Alloc(4096);
   FreeOk(a);
@@ -100,7 +108,7 @@ TEST_F(CachingAllocatorTest, AnotherStreamDoesNotReuseAFreedBlock) {
 }
 
 TEST_F(CachingAllocatorTest, LargeRequestsGetSegmentsByPyTorchSizeRules) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(kMiB + 1);  // below 10 MiB: a whole 20 MiB segment
   EXPECT_EQ(Stats().allocated_bytes.all().current, MiB + 512);
   EXPECT_EQ(Stats().reserved_bytes[StatType::kLargePool].current, 20 * MiB);
@@ -119,7 +127,7 @@ TEST_F(CachingAllocatorTest, LargeRequestsGetSegmentsByPyTorchSizeRules) {
 }
 
 TEST_F(CachingAllocatorTest, LargeRemainderOfAtMostOneMiBStaysInsideTheBlock) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(19 * kMiB + kMiB / 2);
   DeviceStats s = Stats();
   EXPECT_EQ(s.reserved_bytes.all().current, 20 * MiB);
@@ -130,7 +138,7 @@ TEST_F(CachingAllocatorTest, LargeRemainderOfAtMostOneMiBStaysInsideTheBlock) {
 }
 
 TEST_F(CachingAllocatorTest, OversizeBlocksAreNeitherSplitNorTakenBySmallRequests) {
-  Config config;
+  Config config = RegularSegments();
   config.max_split_size = 20 * kMiB;
   GRAPHALLOC_ALLOCATOR_SETUP(config);
   DevicePtr big = Alloc(40 * kMiB);
@@ -151,7 +159,7 @@ TEST_F(CachingAllocatorTest, OversizeBlocksAreNeitherSplitNorTakenBySmallRequest
 }
 
 TEST_F(CachingAllocatorTest, OutOfMemoryReportsSizesAndHintAndKeepsOtherAllocations) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   allocator_->SetMemoryLimit(64 * kMiB);
   DevicePtr a = Alloc(40 * kMiB);
   ASSERT_TRUE(testing::FillPattern(*driver_, a, 40 * kMiB, 7).ok());
@@ -172,7 +180,7 @@ TEST_F(CachingAllocatorTest, OutOfMemoryReportsSizesAndHintAndKeepsOtherAllocati
 }
 
 TEST_F(CachingAllocatorTest, AllocationRetriesAfterReleasingTheCache) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   allocator_->SetMemoryLimit(40 * kMiB);
   DevicePtr a = Alloc(5 * kMiB);  // a 20 MiB segment
   FreeOk(a);
@@ -186,7 +194,7 @@ TEST_F(CachingAllocatorTest, AllocationRetriesAfterReleasingTheCache) {
 }
 
 TEST_F(CachingAllocatorTest, EmptyCacheReturnsOnlyUnusedSegments) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr small1 = Alloc(1024);
   DevicePtr small2 = Alloc(1024);
   DevicePtr large = Alloc(30 * kMiB);
@@ -203,7 +211,7 @@ TEST_F(CachingAllocatorTest, EmptyCacheReturnsOnlyUnusedSegments) {
 }
 
 TEST_F(CachingAllocatorTest, MemoryFractionCapsReservedMemory) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   const double total = static_cast<double>(driver_->Info().total_memory);
   ASSERT_TRUE(allocator_->SetMemoryFraction(100.0 * static_cast<double>(kMiB) / total).ok());
   DevicePtr a = Alloc(80 * kMiB);
@@ -219,7 +227,7 @@ TEST_F(CachingAllocatorTest, MemoryFractionCapsReservedMemory) {
 }
 
 TEST_F(CachingAllocatorTest, GarbageCollectionFreesOldCachedSegmentsAboveTheThreshold) {
-  Config config;
+  Config config = RegularSegments();
   config.garbage_collection_threshold = 0.5;
   GRAPHALLOC_ALLOCATOR_SETUP(config);
   allocator_->SetMemoryLimit(100 * kMiB);
@@ -237,7 +245,7 @@ TEST_F(CachingAllocatorTest, GarbageCollectionFreesOldCachedSegmentsAboveTheThre
 }
 
 TEST_F(CachingAllocatorTest, FreeOfUnknownPointerIsAnError) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(4096);
   ASSERT_TRUE(testing::FillPattern(*driver_, a, 4096, 1).ok());
   absl::Status s = allocator_->Free(0x1234500);
@@ -250,7 +258,7 @@ TEST_F(CachingAllocatorTest, FreeOfUnknownPointerIsAnError) {
 }
 
 TEST_F(CachingAllocatorTest, DoubleFreeIsAnError) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(4096);
   DevicePtr b = Alloc(4096);
   ASSERT_TRUE(testing::FillPattern(*driver_, b, 4096, 2).ok());
@@ -264,7 +272,7 @@ TEST_F(CachingAllocatorTest, DoubleFreeIsAnError) {
 }
 
 TEST_F(CachingAllocatorTest, FreeOfAnInteriorPointerIsAnError) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(4096);
   absl::Status s = allocator_->Free(a + 512);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -274,7 +282,7 @@ TEST_F(CachingAllocatorTest, FreeOfAnInteriorPointerIsAnError) {
 }
 
 TEST_F(CachingAllocatorTest, RecordStreamOnUnknownPointerIsAnError) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   Stream other = NewStream();
   absl::Status s = allocator_->RecordStream(0x4000, other);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
@@ -283,7 +291,7 @@ TEST_F(CachingAllocatorTest, RecordStreamOnUnknownPointerIsAnError) {
 }
 
 TEST_F(CachingAllocatorTest, AllocationOfMoreThanOneEiBIsRefused) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   absl::StatusOr<DevicePtr> p = allocator_->Allocate((std::size_t{1} << 60) + 1);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(p.status().message(), HasSubstr("more than 1 EiB"));
@@ -292,7 +300,7 @@ TEST_F(CachingAllocatorTest, AllocationOfMoreThanOneEiBIsRefused) {
 }
 
 TEST_F(CachingAllocatorTest, ZeroByteAllocationReturnsNullAndFreeingNullIsANoOp) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   absl::StatusOr<DevicePtr> p = allocator_->Allocate(0);
   ASSERT_TRUE(p.ok());
   EXPECT_EQ(*p, 0u);
@@ -302,7 +310,7 @@ TEST_F(CachingAllocatorTest, ZeroByteAllocationReturnsNullAndFreeingNullIsANoOp)
 }
 
 TEST_F(CachingAllocatorTest, ResetPeakAndAccumulatedStats) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(8192);
   DevicePtr b = Alloc(8192);
   FreeOk(b);
@@ -322,7 +330,7 @@ TEST_F(CachingAllocatorTest, ResetPeakAndAccumulatedStats) {
 }
 
 TEST_F(CachingAllocatorTest, StatsJsonUsesPyTorchKeys) {
-  GRAPHALLOC_ALLOCATOR_SETUP();
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(1000);
   const std::string json = Stats().ToJson();
   EXPECT_THAT(json, HasSubstr("\"allocated_bytes.all.current\": 1024"));

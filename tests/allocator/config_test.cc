@@ -15,15 +15,16 @@ TEST(ConfigTest, EmptyStringGivesDefaults) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(*config, Config{});
   EXPECT_EQ(config->max_split_size, std::numeric_limits<std::size_t>::max());
-  EXPECT_FALSE(config->expandable_segments);
+  EXPECT_TRUE(config->expandable_segments);  // on by default
 }
 
 TEST(ConfigTest, ParsesEveryKey) {
   absl::StatusOr<Config> config = Config::Parse(
-      "expandable_segments:True, max_split_size_mb:256,max_non_split_rounding_mb:40,large_segment_size_mb:64,"
+      "expandable_segments:False, "
+      "max_split_size_mb:256,max_non_split_rounding_mb:40,large_segment_size_mb:64,"
       "garbage_collection_threshold:0.6,per_process_memory_fraction:0.5,release_lock_on_cudamalloc:True");
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_TRUE(config->expandable_segments);
+  EXPECT_FALSE(config->expandable_segments);
   EXPECT_EQ(config->max_split_size, 256 * kMiB);
   EXPECT_EQ(config->max_non_split_rounding_size, 40 * kMiB);
   EXPECT_EQ(config->large_segment_size, 64 * kMiB);

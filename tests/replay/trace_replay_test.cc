@@ -33,7 +33,10 @@ class TraceReplayTest : public ::testing::Test {
   bool MakeAllocator(SimDriverOptions sim = {}) {
     driver_ = testing::MakeTestDriver(&skip_reason_, sim);
     if (driver_ == nullptr) return false;
-    absl::StatusOr<std::unique_ptr<CachingAllocator>> a = CachingAllocator::Create(driver_);
+    // These tests check PyTorch's regular segment sizes: expandable segments are pinned off
+    // (tests/allocator/expandable_segments_test.cc and shipped_traces_test cover them).
+    absl::StatusOr<std::unique_ptr<CachingAllocator>> a =
+        CachingAllocator::Create(driver_, *Config::Parse("expandable_segments:False"));
     EXPECT_TRUE(a.ok()) << a.status();
     if (!a.ok()) return false;
     allocator_ = std::move(*a);

@@ -1,0 +1,493 @@
+// Expandable segments, growth: serve a request by mapping physical memory into the shard's reserved range
+// where the request needs it.
+//
+// One expandable segment per (shard, pool kind), reserved lazily at the device's total memory (rounded up
+// to the granularity); another is reserved only when no unmapped range of the existing ones fits. A
+// growth (PyTorch's find_expandable_block, then our own sourcing of physical memory):
+//   1. under the shard's lock: the lowest-address unmapped block that, with a free mapped predecessor and
+//      the free or unmapped blocks after it, covers the rounded request; its blocks leave every index
+//      (in flight). The pages to map come, in this order, from cached unmapped handles, from idle chunks
+//      of the shard (wholly free mapped chunks elsewhere, unmapped there and mapped here: memory moves
+//      instead of growing), and from one new handle sized to the rest;
+//   2. with no lock: unmap the idle chunks, create the new handle, map everything, set access;
+//   3. under the lock again: account the chunks, turn the blocks back into free (or unmapped) blocks,
+//      merge, and allocate from the result.
+// Any failure in 2 undoes what 2 did (mapped chunks unmapped, handles into the cache) and settles the
+// blocks as they are; the request then goes on down the slow path (release everything cached, retry) and
+// reports out-of-memory only when that fails too.
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/size_policy.h"
+
+namespace graphalloc {
+namespace {
+
+// Bounds the driver calls of one growth: each reused or moved handle costs a map, an access call and,
+// when moved, an unmap.
+constexpr std::size_t kMaxReusedHandles = 64;
+
+// New physical memory is created in handles of at most this size. A chunk is unmapped only as a whole, so
+// one live block pins all of it: smaller chunks give memory back more finely, bigger ones cost fewer driver
+// calls. Measured on the shipped traces (sim replay, peak reserved / peak live): 20 MiB 1.014-1.020,
+// 64 MiB 1.003-1.021, 128 MiB 1.003-1.029, unbounded up to 1.084 (gpt2_train); 64 MiB keeps 1 GiB of
+// growth at 16 handles.
+constexpr std::size_t kMaxChunkSize = std::size_t{64} << 20;
+
+std::size_t RoundUpTo(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
+
+// Free (or unmapped), and owned by no one: may join a growth's run.
+bool Usable(const Block* b) {
+  return b != nullptr && !b->allocated && b->event_count == 0 && !b->in_flight && !b->in_quick &&
+         b->stream_uses.empty();
+}
+
+}  // namespace
+
+struct CachingAllocator::GrowthPlan {
+  // The physical memory for one hole: handles mapped in order from the hole's address.
+  struct Source {
+    std::size_t size = 0;
+    PhysicalHandle handle{};
+    int stolen = -1;       // index into `stolen`, or -1 (cached handle, or the new one when !handle_known)
+    bool created = false;  // the hole's new handle (created in ExecuteGrowth)
+  };
+  struct Hole {
+    Block* block = nullptr;  // in flight, unmapped, exactly the size of its sources
+    std::vector<Source> sources;
+  };
+  std::vector<Block*> run;  // in-flight free mapped blocks of the run
+  std::vector<Hole> holes;
+  std::vector<Block*> stolen;  // in-flight mapped blocks, one chunk each
+  std::vector<ChunkPlacement> stolen_chunks;
+  std::vector<int> peers;
+  std::size_t cached_bytes = 0;  // taken from the handle cache
+  std::size_t new_bytes = 0;     // to create
+  bool over_limit = false;
+  BlockPool* pool = nullptr;
+};
+
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shard, std::size_t size,
+                                                               std::size_t requested) {
+  const bool small = IsSmall(size);
+  const std::size_t reservation = RoundUpTo(driver_->Info().total_memory, driver_->Info().granularity);
+  if (size > reservation) return DevicePtr{0};
+  bool created = false;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    GrowthPlan plan;
+    {
+      SpinLockHolder lock(&shard.mu);
+      FlushQuickCache(shard);
+      BlockPool& pool = shard.PoolFor(size);
+      if (Block* block = TakeFreeBlock(shard, pool, size))
+        return FinishAllocation(shard, pool, block, size, requested);
+      plan.pool = &pool;
+      if (!PlanGrowth(shard, pool, size, &plan)) plan.pool = nullptr;
+    }
+    if (plan.pool == nullptr) {
+      // No unmapped range fits: reserve a(nother) segment, once per request.
+      if (created) return DevicePtr{0};
+      absl::Status s = CreateExpandableSegment(shard, small);
+      if (absl::IsResourceExhausted(s)) return DevicePtr{0};
+      if (!s.ok()) return s;
+      created = true;
+      continue;
+    }
+    absl::StatusOr<bool> grown = ExecuteGrowth(shard, plan);
+    if (!grown.ok()) return grown.status();
+    if (!*grown) return DevicePtr{0};
+    // Mapped: the next pass finds the merged block (unless another thread took it meanwhile).
+  }
+  return DevicePtr{0};
+}
+
+absl::Status CachingAllocator::CreateExpandableSegment(StreamShard& shard, bool small) {
+  const std::size_t size = RoundUpTo(driver_->Info().total_memory, driver_->Info().granularity);
+  absl::StatusOr<DevicePtr> base = driver_->AddressReserve(size, 0);
+  if (!base.ok()) return base.status();  // nothing was reserved: nothing to undo
+  SpinLockHolder shard_lock(&shard.mu);
+  BlockPool& pool = small ? shard.small_pool : shard.large_pool;
+  auto* segment = new Segment;
+  segment->base = *base;
+  segment->size = size;
+  segment->stream = shard.stream;
+  segment->shard = &shard;
+  segment->pool = &pool;
+  segment->expandable = true;
+  segment->vmm = std::make_unique<ExpandableSegment>(*base, size);
+  Block* block = shard.arena.New();
+  block->ptr = *base;
+  block->size = size;
+  block->stream = shard.stream;
+  block->segment = segment;
+  block->mapped = false;
+  segment->head = block;
+  pool.unmapped.emplace(block->ptr, block);
+  MutexLock lock(&device_mu_);
+  segments_.emplace(segment->base, segment);  // no segment/reserved stats: those follow mapped chunks
+  return absl::OkStatus();
+}
+
+bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size_t size, GrowthPlan* plan) {
+  const std::size_t gran = driver_->Info().granularity;
+  // The lowest-address unmapped block that, with a free predecessor and what follows, covers `size`.
+  Block* start = nullptr;
+  for (const auto& [ptr, u] : pool.unmapped) {
+    Block* s = Usable(u->prev) ? u->prev : u;
+    std::size_t sum = 0;
+    for (Block* b = s; Usable(b); b = b->next) {
+      sum += b->size;
+      if (sum >= size) break;
+    }
+    if (sum >= size) {
+      start = s;
+      break;
+    }
+  }
+  if (start == nullptr) return false;
+  const DevicePtr need_end = start->ptr + size;
+  Block* last_hole = nullptr;
+  std::size_t last_need = 0;
+  for (Block* b = start; b != nullptr && b->ptr < need_end; b = b->next) {
+    b->in_flight = true;
+    if (b->mapped) {
+      pool.Erase(b);
+      plan->run.push_back(b);
+      continue;
+    }
+    pool.unmapped.erase(b->ptr);
+    plan->holes.push_back({b, {}});
+    last_hole = b;
+    last_need = std::min(b->end(), RoundUpTo(need_end, gran)) - b->ptr;
+  }
+
+  // Idle chunks of the shard, largest first: wholly free mapped chunks of its expandable segments.
+  struct Idle {
+    Block* block;
+    ChunkPlacement chunk;
+    bool used;
+  };
+  std::vector<Idle> idle;
+  for (BlockPool* p : {&shard.large_pool, &shard.small_pool}) {
+    for (auto it = p->LowerBound(gran); it != p->blocks.end(); ++it) {
+      Block* b = it->block;
+      if (!b->segment->expandable) continue;
+      for (const ChunkPlacement& c : b->segment->vmm->ChunksWithin(b->ptr, b->end()))
+        idle.push_back({b, c, false});
+    }
+  }
+  std::sort(idle.begin(), idle.end(),
+            [](const Idle& a, const Idle& b) { return a.chunk.size > b.chunk.size; });
+
+  std::size_t reused = 0;
+  MutexLock lock(&device_mu_);
+  for (GrowthPlan::Hole& hole : plan->holes) {
+    const bool last = hole.block == last_hole;
+    const std::size_t need = last ? last_need : hole.block->size;
+    const std::size_t room = hole.block->size;  // the last hole may take a bigger idle chunk
+    std::size_t have = 0;
+    for (const ChunkPlacement& h : handle_cache_.TakeUpTo(need, kMaxReusedHandles - reused)) {
+      hole.sources.push_back({h.size, h.handle, -1, false});
+      have += h.size;
+      plan->cached_bytes += h.size;
+      ++reused;
+    }
+    auto take_idle = [&](Idle& i) {
+      i.used = true;
+      hole.sources.push_back(
+          {i.chunk.size, i.chunk.handle, static_cast<int>(plan->stolen_chunks.size()), false});
+      plan->stolen_chunks.push_back(i.chunk);
+      have += i.chunk.size;
+      ++reused;
+    };
+    for (Idle& i : idle) {
+      if (have >= need || reused >= kMaxReusedHandles) break;
+      if (!i.used && i.chunk.size <= need - have) take_idle(i);
+    }
+    if (have < need && reused < kMaxReusedHandles) {
+      // Moving a chunk bigger than the rest costs no reserved memory (it was mapped already), where a
+      // new handle adds the rest: take the smallest that fits the hole.
+      Idle* best = nullptr;
+      for (Idle& i : idle) {
+        if (!i.used && i.chunk.size >= need - have && i.chunk.size <= room - have &&
+            (best == nullptr || i.chunk.size < best->chunk.size)) {
+          best = &i;
+        }
+      }
+      if (best != nullptr) take_idle(*best);
+    }
+    {
+      // New memory comes in handles of at most kMaxChunkSize (see there).
+      const std::size_t max_chunk = std::max(gran, kMaxChunkSize / gran * gran);
+      while (have < need) {
+        const std::size_t n = std::min(need - have, max_chunk);
+        hole.sources.push_back({n, PhysicalHandle{}, -1, true});
+        plan->new_bytes += n;
+        have += n;
+      }
+    }
+    if (have < hole.block->size) {
+      // Only the last hole can be larger than what it maps: the rest stays unmapped.
+      Block* rest = SplitOff(shard, hole.block, hole.block->ptr + have);
+      rest->in_flight = false;
+      pool.unmapped.emplace(rest->ptr, rest);
+    }
+  }
+  // Carve the chosen idle chunks out of their free blocks, highest address first, so that each block
+  // keeps the lower part that holds the remaining ones.
+  std::vector<std::pair<ChunkPlacement, Block*>> carve;
+  for (const Idle& i : idle) {
+    if (i.used) carve.emplace_back(i.chunk, i.block);
+  }
+  std::sort(carve.begin(), carve.end(),
+            [](const auto& a, const auto& b) { return a.first.ptr > b.first.ptr; });
+  plan->stolen.resize(plan->stolen_chunks.size());
+  for (const auto& [chunk, block] : carve) {
+    Block* mid = CarveRange(shard, block, chunk.ptr, chunk.ptr + chunk.size);
+    for (std::size_t k = 0; k < plan->stolen_chunks.size(); ++k) {
+      if (plan->stolen_chunks[k].ptr == chunk.ptr) plan->stolen[k] = mid;
+    }
+  }
+  const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
+  plan->over_limit = memory_limit_ != 0 && reserved + handle_cache_.bytes() + growth_in_flight_ +
+                                                   plan->cached_bytes + plan->new_bytes >
+                                               memory_limit_;
+  growth_in_flight_ += plan->cached_bytes;
+  plan->peers = peers_;
+  return true;
+}
+
+absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthPlan& plan) {
+  absl::Status error;
+  bool admitted = false;  // new_bytes counted in growth_in_flight_
+  if (plan.over_limit) {
+    // Idle cached handles are the first thing to give back when the limit is near.
+    if (absl::Status s = ReleaseCachedHandles(); !s.ok()) error = s;
+  }
+  {
+    MutexLock lock(&device_mu_);
+    const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
+    if (memory_limit_ == 0 || plan.new_bytes == 0 ||
+        reserved + handle_cache_.bytes() + growth_in_flight_ + plan.new_bytes <= memory_limit_) {
+      growth_in_flight_ += plan.new_bytes;
+      admitted = true;
+    } else if (error.ok()) {
+      error = absl::ResourceExhaustedError("memory limit");
+    }
+  }
+  // 1. Unmap the idle chunks that move.
+  std::vector<bool> stolen_unmapped(plan.stolen_chunks.size(), false);
+  for (std::size_t i = 0; error.ok() && i < plan.stolen_chunks.size(); ++i) {
+    const ChunkPlacement& c = plan.stolen_chunks[i];
+    absl::Status s = driver_->MemUnmap(c.ptr, c.size);
+    if (s.ok()) {
+      stolen_unmapped[i] = true;
+    } else {
+      error = s;
+    }
+  }
+  // 2. Create the new handles (releasing cached ones and retrying once when the device is full).
+  for (GrowthPlan::Hole& hole : plan.holes) {
+    for (GrowthPlan::Source& src : hole.sources) {
+      if (!error.ok() || !src.created) continue;
+      absl::StatusOr<PhysicalHandle> h = driver_->MemCreate(src.size);
+      if (absl::IsResourceExhausted(h.status())) {
+        if (absl::Status s = ReleaseCachedHandles(); s.ok()) h = driver_->MemCreate(src.size);
+      }
+      if (!h.ok()) {
+        error = h.status();
+        break;
+      }
+      src.handle = *h;
+      src.created = false;  // now a handle like the others
+    }
+  }
+  // 3. Map each hole and grant access.
+  std::vector<std::vector<ChunkPlacement>> placed(plan.holes.size());
+  std::vector<std::vector<bool>> hole_mapped(plan.holes.size());
+  std::vector<ChunkPlacement> stuck;
+  std::size_t holes_mapped = 0;
+  for (std::size_t i = 0; i < plan.holes.size(); ++i) {
+    DevicePtr at = plan.holes[i].block->ptr;
+    for (const GrowthPlan::Source& src : plan.holes[i].sources) {
+      placed[i].push_back({at, src.size, src.handle});
+      at += src.size;
+    }
+    hole_mapped[i].assign(placed[i].size(), false);
+  }
+  for (; error.ok() && holes_mapped < plan.holes.size(); ++holes_mapped) {
+    absl::Status s = MapChunks(*driver_, placed[holes_mapped], plan.peers, &stuck);
+    if (!s.ok()) {
+      error = s;
+      break;
+    }
+    hole_mapped[holes_mapped].assign(placed[holes_mapped].size(), true);
+  }
+  if (!error.ok()) {
+    // Undo the holes mapped before the failure; a chunk whose unmap fails stays mapped (and accounted).
+    for (std::size_t i = 0; i < holes_mapped; ++i) {
+      for (std::size_t k = 0; k < placed[i].size(); ++k) {
+        hole_mapped[i][k] = !driver_->MemUnmap(placed[i][k].ptr, placed[i][k].size).ok();
+      }
+    }
+    for (const ChunkPlacement& c : stuck) {
+      for (std::size_t i = 0; i < placed.size(); ++i) {
+        for (std::size_t k = 0; k < placed[i].size(); ++k) {
+          if (placed[i][k].ptr == c.ptr) hole_mapped[i][k] = true;
+        }
+      }
+    }
+  }
+
+  // 4. Settle: bookkeeping first for unmaps, then maps (so that the reserved peak never double counts).
+  SpinLockHolder shard_lock(&shard.mu);
+  MutexLock lock(&device_mu_);
+  growth_in_flight_ -= plan.cached_bytes + (admitted ? plan.new_bytes : 0);
+  for (std::size_t i = 0; i < plan.stolen.size(); ++i) {
+    Block* b = plan.stolen[i];
+    if (stolen_unmapped[i]) AccountUnmapped(b->segment, plan.stolen_chunks[i]);
+    SettleInFlight(shard, b, std::span<const ChunkPlacement>(&plan.stolen_chunks[i], 1),
+                   std::vector<bool>{!stolen_unmapped[i]});
+  }
+  for (std::size_t i = 0; i < plan.holes.size(); ++i) {
+    Block* b = plan.holes[i].block;
+    for (std::size_t k = 0; k < placed[i].size(); ++k) {
+      const ChunkPlacement& c = placed[i][k];
+      if (hole_mapped[i][k]) {
+        AccountMapped(b->segment, c);
+        continue;
+      }
+      // A handle that is not mapped (anymore) waits in the cache; a stolen one whose unmap failed is
+      // still mapped where it was, and one never created has nothing to keep.
+      const GrowthPlan::Source& src = plan.holes[i].sources[k];
+      if (src.created) continue;
+      if (src.stolen >= 0 && !stolen_unmapped[static_cast<std::size_t>(src.stolen)]) continue;
+      handle_cache_.Put(c.size, c.handle);
+    }
+    SettleInFlight(shard, b, placed[i], hole_mapped[i]);
+  }
+  for (Block* b : plan.run) {
+    b->in_flight = false;
+    ReturnToIndex(shard, b);
+  }
+  if (error.ok()) return true;
+  if (absl::IsResourceExhausted(error)) return false;
+  return error;
+}
+
+void CachingAllocator::AccountMapped(Segment* segment, const ChunkPlacement& c) {
+  segment->vmm->AddChunk(c);
+  const bool small = segment->pool->is_small;
+  device_stats_.reserved_bytes.Increase(small, static_cast<std::int64_t>(c.size));
+  ++device_stats_.num_device_alloc;
+  history_.Record(HistoryAction::kSegmentMap, c.ptr, c.size, static_cast<std::uint64_t>(segment->stream), 0);
+}
+
+void CachingAllocator::AccountUnmapped(Segment* segment, const ChunkPlacement& c) {
+  segment->vmm->RemoveChunk(c.ptr);
+  const bool small = segment->pool->is_small;
+  device_stats_.reserved_bytes.Decrease(small, static_cast<std::int64_t>(c.size));
+  ++device_stats_.num_device_free;
+  history_.Record(HistoryAction::kSegmentUnmap, c.ptr, c.size, static_cast<std::uint64_t>(segment->stream),
+                  0);
+}
+
+Block* CachingAllocator::SplitOff(StreamShard& shard, Block* b, DevicePtr at) {
+  Block* r = shard.arena.New();
+  r->ptr = at;
+  r->size = b->end() - at;
+  r->stream = b->stream;
+  r->segment = b->segment;
+  r->mapped = b->mapped;
+  r->in_flight = b->in_flight;
+  r->gc_count_base = b->gc_count_base;
+  r->prev = b;
+  r->next = b->next;
+  if (r->next != nullptr) r->next->prev = r;
+  b->next = r;
+  b->size = at - b->ptr;
+  return r;
+}
+
+Block* CachingAllocator::CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end) {
+  BlockPool& pool = *b->segment->pool;
+  pool.Erase(b);
+  if (end < b->end()) pool.Insert(SplitOff(shard, b, end));
+  Block* mid = b;
+  if (begin > b->ptr) {
+    mid = SplitOff(shard, b, begin);
+    pool.Insert(b);
+  }
+  mid->in_flight = true;
+  return mid;
+}
+
+void CachingAllocator::ReturnToIndex(StreamShard& shard, Block* b) {
+  BlockPool& pool = *b->segment->pool;
+  for (Block* neighbour : {b->prev, b->next}) TryMerge(shard, b, neighbour, pool);
+  if (b->mapped) {
+    b->gc_count_base = pool.free_block_lookups;
+    pool.Insert(b);
+  } else {
+    pool.unmapped.emplace(b->ptr, b);
+  }
+}
+
+void CachingAllocator::SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,
+                                      const std::vector<bool>& mapped) {
+  // Split where the mapped state changes, then return each piece.
+  std::vector<Block*> pieces{b};
+  b->mapped = mapped[0];
+  for (std::size_t i = 1; i < chunks.size(); ++i) {
+    if (mapped[i] == mapped[i - 1]) continue;
+    Block* piece = SplitOff(shard, pieces.back(), chunks[i].ptr);
+    piece->mapped = mapped[i];
+    pieces.push_back(piece);
+  }
+  for (Block* piece : pieces) piece->in_flight = false;
+  for (Block* piece : pieces) ReturnToIndex(shard, piece);
+}
+
+absl::Status CachingAllocator::ReleaseCachedHandles() {
+  std::vector<ChunkPlacement> handles;
+  {
+    MutexLock lock(&device_mu_);
+    handles = handle_cache_.TakeAll();
+  }
+  absl::Status first_error;
+  std::vector<ChunkPlacement> kept;
+  for (const ChunkPlacement& h : handles) {
+    absl::Status s = driver_->MemRelease(h.handle);
+    if (s.ok()) continue;
+    if (first_error.ok()) first_error = s;
+    kept.push_back(h);
+  }
+  if (!kept.empty()) {
+    MutexLock lock(&device_mu_);
+    for (const ChunkPlacement& h : kept) handle_cache_.Put(h.size, h.handle);
+  }
+  return first_error;
+}
+
+absl::Status CachingAllocator::EnablePeerAccess(int peer_ordinal) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (absl::Status s = driver_->EnablePeerAccess(peer_ordinal); !s.ok()) return s;
+  std::vector<ChunkPlacement> chunks;
+  std::vector<int> peers;
+  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
+  device_mu_.Lock();
+  if (std::find(peers_.begin(), peers_.end(), peer_ordinal) == peers_.end()) peers_.push_back(peer_ordinal);
+  peers = peers_;
+  for (const auto& [base, segment] : segments_) {
+    if (segment->vmm == nullptr) continue;
+    for (const auto& [ptr, chunk] : segment->vmm->chunks()) chunks.push_back({ptr, chunk.size, chunk.handle});
+  }
+  device_mu_.Unlock();
+  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  for (const ChunkPlacement& c : chunks) {
+    if (absl::Status s = driver_->MemSetAccess(c.ptr, c.size, peers); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace graphalloc

@@ -1,0 +1,110 @@
+// Expandable segments, release: unmap every chunk wholly covered by free blocks (anywhere in a segment,
+// also between live blocks), release the physical handles, and give back reservations left wholly
+// unmapped. EmptyCache() and the slow path before out-of-memory call it; driver calls run with every lock
+// released, the blocks concerned being in flight meanwhile.
+#include <algorithm>
+
+#include "allocator/caching_allocator.h"
+
+namespace graphalloc {
+
+absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  struct Job {
+    StreamShard* shard;
+    Block* block;  // in flight, tiled exactly by `chunks`
+    std::vector<ChunkPlacement> chunks;
+    std::vector<bool> still_mapped;
+  };
+  const std::size_t gran = driver_->Info().granularity;
+  std::vector<Job> jobs;
+  std::vector<ChunkPlacement> cached;
+  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
+  ForEachShard([&](StreamShard* shard) {
+    FlushQuickCache(*shard);
+    for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
+      std::vector<Block*> candidates;
+      for (auto it = pool->LowerBound(gran); it != pool->blocks.end(); ++it) {
+        if (it->block->segment->expandable) candidates.push_back(it->block);
+      }
+      for (Block* b : candidates) {
+        std::vector<ChunkPlacement> chunks = b->segment->vmm->ChunksWithin(b->ptr, b->end());
+        if (chunks.empty()) continue;
+        Block* mid = CarveRange(*shard, b, chunks.front().ptr, chunks.back().ptr + chunks.back().size);
+        jobs.push_back({shard, mid, std::move(chunks), {}});
+      }
+    }
+  });
+  device_mu_.Lock();
+  cached = handle_cache_.TakeAll();
+  device_mu_.Unlock();
+  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+
+  absl::Status first_error;
+  std::vector<ChunkPlacement> to_release = std::move(cached);
+  for (Job& job : jobs) {
+    job.still_mapped.assign(job.chunks.size(), true);
+    for (std::size_t i = 0; i < job.chunks.size(); ++i) {
+      absl::Status s = driver_->MemUnmap(job.chunks[i].ptr, job.chunks[i].size);
+      if (s.ok()) {
+        job.still_mapped[i] = false;
+        to_release.push_back(job.chunks[i]);
+      } else if (first_error.ok()) {
+        first_error = s;
+      }
+    }
+  }
+  std::vector<ChunkPlacement> kept;  // handles the device refused to release: cached again
+  for (const ChunkPlacement& h : to_release) {
+    absl::Status s = driver_->MemRelease(h.handle);
+    if (s.ok()) continue;
+    if (first_error.ok()) first_error = s;
+    kept.push_back(h);
+  }
+
+  std::size_t unmapped = 0;
+  std::vector<Segment*> empty;
+  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
+  device_mu_.Lock();
+  for (const ChunkPlacement& h : kept) handle_cache_.Put(h.size, h.handle);
+  for (Job& job : jobs) {
+    for (std::size_t i = 0; i < job.chunks.size(); ++i) {
+      if (job.still_mapped[i]) continue;
+      AccountUnmapped(job.block->segment, job.chunks[i]);
+      unmapped += job.chunks[i].size;
+    }
+    SettleInFlight(*job.shard, job.block, job.chunks, job.still_mapped);
+  }
+  // Reservations left wholly unmapped go back to the device.
+  for (const auto& [base, segment] : segments_) {
+    const Block* head = segment->head;
+    if (segment->vmm == nullptr || head->next != nullptr || head->mapped || head->in_flight) continue;
+    empty.push_back(segment);
+  }
+  for (Segment* segment : empty) {
+    segment->pool->unmapped.erase(segment->head->ptr);
+    segments_.erase(segment->base);
+    ++segment->shard->blocks_in_release;
+  }
+  device_mu_.Unlock();
+  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+
+  for (Segment* segment : empty) {
+    absl::Status s = driver_->AddressFree(segment->base, segment->size);
+    StreamShard& shard = *segment->shard;
+    SpinLockHolder shard_lock(&shard.mu);
+    --shard.blocks_in_release;
+    if (s.ok()) {
+      shard.arena.Delete(segment->head);
+      delete segment;
+      continue;
+    }
+    if (first_error.ok()) first_error = s;
+    MutexLock lock(&device_mu_);
+    segments_.emplace(segment->base, segment);
+    segment->pool->unmapped.emplace(segment->head->ptr, segment->head);
+  }
+  if (!first_error.ok()) return first_error;
+  return unmapped;
+}
+
+}  // namespace graphalloc

@@ -1,0 +1,76 @@
+// An expandable segment's physical side: a reserved virtual address range and the chunks of physical memory
+// mapped into it (CUDA VMM), plus the driver sequences that map and unmap chunks.
+//
+// A chunk is one physical handle (cuMemCreate) mapped at one address; its size is whatever the growth that
+// mapped it needed (a multiple of the granularity), because the driver's cost is per handle, not per byte.
+// A chunk is unmapped only as a whole. The block side (which ranges are allocated, free or unmapped) lives
+// in the segment's block chain; CheckInvariants() verifies that the two agree.
+#ifndef GRAPHALLOC_ALLOCATOR_EXPANDABLE_SEGMENT_H_
+#define GRAPHALLOC_ALLOCATOR_EXPANDABLE_SEGMENT_H_
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "allocator/device/driver.h"
+
+namespace graphalloc {
+
+struct MappedChunk {
+  std::size_t size = 0;
+  PhysicalHandle handle{};
+};
+
+// A physical handle placed (or to be placed) at an address.
+struct ChunkPlacement {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;
+  PhysicalHandle handle{};
+};
+
+class ExpandableSegment {
+ public:
+  ExpandableSegment(DevicePtr base, std::size_t size) : base_(base), size_(size) {}
+
+  DevicePtr base() const { return base_; }
+  std::size_t size() const { return size_; }
+  std::size_t mapped_bytes() const { return mapped_bytes_; }
+  const absl::btree_map<DevicePtr, MappedChunk>& chunks() const { return chunks_; }
+
+  void AddChunk(const ChunkPlacement& c) {
+    chunks_.emplace(c.ptr, MappedChunk{c.size, c.handle});
+    mapped_bytes_ += c.size;
+  }
+  void RemoveChunk(DevicePtr ptr) {
+    auto it = chunks_.find(ptr);
+    mapped_bytes_ -= it->second.size;
+    chunks_.erase(it);
+  }
+  // The chunks lying wholly inside [begin, end), in address order.
+  std::vector<ChunkPlacement> ChunksWithin(DevicePtr begin, DevicePtr end) const {
+    std::vector<ChunkPlacement> out;
+    for (auto it = chunks_.lower_bound(begin); it != chunks_.end() && it->first + it->second.size <= end;
+         ++it) {
+      out.push_back({it->first, it->second.size, it->second.handle});
+    }
+    return out;
+  }
+
+ private:
+  DevicePtr base_;
+  std::size_t size_;
+  absl::btree_map<DevicePtr, MappedChunk> chunks_;
+  std::size_t mapped_bytes_ = 0;
+};
+
+// Maps each chunk at its address, then grants access (this device and `peers`) over [first, last) of them,
+// which must be contiguous. On failure, unmaps what it mapped and returns the error; a chunk whose undo
+// unmap also fails stays mapped and is appended to `stuck` (the caller keeps accounting for it).
+absl::Status MapChunks(Driver& driver, std::span<const ChunkPlacement> chunks, std::span<const int> peers,
+                       std::vector<ChunkPlacement>* stuck);
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_EXPANDABLE_SEGMENT_H_
