@@ -425,7 +425,12 @@ Block* CachingAllocator::CarveRange(StreamShard& shard, Block* b, DevicePtr begi
 
 void CachingAllocator::ReturnToIndex(StreamShard& shard, Block* b) {
   BlockPool& pool = *b->segment->pool;
-  for (Block* neighbour : {b->prev, b->next}) TryMerge(shard, b, neighbour, pool);
+  // A neighbour may be parked in the quick cache next to an indexed block (another thread freed it while
+  // this growth ran unlocked): keep absorbing until no free neighbour is left.
+  while (TryMerge(shard, b, b->prev, pool)) {
+  }
+  while (TryMerge(shard, b, b->next, pool)) {
+  }
   if (b->mapped) {
     b->gc_count_base = pool.free_block_lookups;
     pool.Insert(b);
