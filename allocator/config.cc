@@ -1,5 +1,6 @@
 #include "allocator/config.h"
 
+#include <charconv>
 #include <cstdlib>
 #include <vector>
 
@@ -134,7 +135,12 @@ absl::Status ParseRoundup(Parser& p, Config& config) {
   return absl::OkStatus();
 }
 
-std::string FormatFraction(double v) { return absl::StrCat(v); }
+// The shortest text that parses back to exactly `v` (absl::StrCat keeps six digits: 0.9999999 became 1).
+std::string FormatFraction(double v) {
+  char buffer[32];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), v);
+  return ec == std::errc() ? std::string(buffer, end) : absl::StrCat(v);
+}
 
 }  // namespace
 

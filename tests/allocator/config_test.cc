@@ -108,6 +108,16 @@ TEST(ConfigTest, ToStringRoundTrips) {
   EXPECT_EQ(*again, *config);
 }
 
+TEST(ConfigTest, FractionsRoundTripExactly) {
+  absl::StatusOr<Config> config =
+      Config::Parse("garbage_collection_threshold:0.9999999,per_process_memory_fraction:0.1234567");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<Config> again = Config::Parse(config->ToString());
+  ASSERT_TRUE(again.ok()) << again.status() << " for " << config->ToString();
+  EXPECT_EQ(again->garbage_collection_threshold, 0.9999999);
+  EXPECT_EQ(again->per_process_memory_fraction, 0.1234567);
+}
+
 TEST(ConfigTest, FromEnvironmentReadsGraphallocConf) {
   ::setenv("GRAPHALLOC_CONF", "max_split_size_mb:64", 1);
   absl::StatusOr<Config> config = Config::FromEnvironment();
