@@ -19,6 +19,7 @@
 #include "allocator/device/driver_error.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_macros.h"
 
 namespace graphalloc {
 namespace {
@@ -26,19 +27,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::Optional;
-
-#define GA_CAT_(a, b) a##b
-#define GA_CAT(a, b) GA_CAT_(a, b)
-#define ASSERT_OK(expr)                         \
-  do {                                          \
-    const absl::Status ga_status_ = (expr);     \
-    ASSERT_TRUE(ga_status_.ok()) << ga_status_; \
-  } while (false)
-#define ASSERT_OK_AND_ASSIGN(lhs, expr) ASSERT_OK_AND_ASSIGN_IMPL(GA_CAT(ga_sor_, __LINE__), lhs, expr)
-#define ASSERT_OK_AND_ASSIGN_IMPL(var, lhs, expr) \
-  auto var = (expr);                              \
-  ASSERT_TRUE(var.ok()) << var.status();          \
-  lhs = std::move(*var)
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kGran = 2 * kMiB;
