@@ -235,10 +235,8 @@ std::string Config::ToString() const {
   }
   parts.push_back(absl::StrCat("expandable_segments:", expandable_segments ? "True" : "False"));
   parts.push_back(absl::StrCat("per_process_memory_fraction:", FormatFraction(per_process_memory_fraction)));
-  if (record_history) {
-    parts.push_back(absl::StrCat("record_history:True,history_max_entries:", history_max_entries,
-                                 ",history_stacks:", history_stacks ? "True" : "False"));
-  }
+  parts.push_back(absl::StrCat("record_history:", record_history ? "True" : "False", ",history_max_entries:",
+                               history_max_entries, ",history_stacks:", history_stacks ? "True" : "False"));
   return absl::StrJoin(parts, ",");
 }
 
