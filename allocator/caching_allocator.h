@@ -33,6 +33,8 @@
 #include "allocator/handle_cache.h"
 #include "allocator/history/history_ring.h"
 #include "allocator/mutex.h"
+#include "allocator/pool_checkpoint.h"
+#include "allocator/private_pool.h"
 #include "allocator/snapshot/memory_snapshot.h"
 #include "allocator/stats.h"
 #include "allocator/stream_shard.h"
@@ -91,6 +93,32 @@ class CachingAllocator {
   // Verifies every internal invariant (block chains, free index, pointer map, statistics); an Internal
   // error describes the first violation. Tests call it after every step.
   absl::Status CheckInvariants() const;
+
+  // ---- Private pools (private_pool.h; pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
+  // A new pool with one user, the returned handle.
+  absl::StatusOr<PrivatePool> CreatePool(PoolOptions options = {});
+  // Another user of a live pool; NotFound once the pool is gone.
+  absl::StatusOr<PrivatePool> AcquirePool(PoolId id);
+  absl::StatusOr<PoolStats> GetPoolStats(PoolId id) const;
+  // Returns the pool's cached free memory to the device, unless a graph pins it (then nothing, and OK).
+  absl::Status EmptyPoolCache(PoolId id);
+  // Routes matching allocations to `pool` until the returned route ends (private_pool.h). A capture route
+  // needs its stream to be capturing. While any capture route is open the allocator is in capture mode:
+  // no event is queried or synchronized, frees of blocks used on other streams are deferred until the last
+  // capture route ends, new segments are allocated in relaxed capture mode and nothing is freed to the
+  // device (an allocation that does not fit fails with ResourceExhausted instead).
+  absl::StatusOr<PoolRoute> BeginAllocateToPool(const PrivatePool& pool, PoolRouteFilter filter);
+  // Keeps the pool's memory reserved while a graph recorded into it may replay (private_pool.h).
+  absl::StatusOr<GraphPin> PinForGraph(const PrivatePool& pool);
+  // The exact layout of every segment of `pool`. FailedPrecondition while blocks of the pool wait on
+  // stream events or deferred frees, or are being changed by another thread.
+  absl::StatusOr<PoolCheckpoint> Checkpoint(const PrivatePool& pool) const;
+  // Rebuilds the checkpoint's layout in `pool` (pool_checkpoint.h says what the result means). Segments
+  // created since stay in the pool, free. InvalidArgument for a checkpoint of another pool or allocator;
+  // FailedPrecondition when the pool has pending events or deferred frees, or a segment of the checkpoint
+  // is gone; on any error the pool is as before. The caller must not use the pool from other threads
+  // meanwhile.
+  absl::StatusOr<RestoreResult> Restore(const PrivatePool& pool, const PoolCheckpoint& checkpoint);
 
   const Config& config() const { return config_; }
   Driver& driver() const { return *driver_; }

@@ -1,0 +1,137 @@
+// Private memory pools: sets of segments kept apart from the default cache, the foundation of CUDA graph
+// support (a graph replays into the addresses its capture allocated, so those must stay reserved for it).
+//
+// A pool is shared by handing its PrivatePool handle around (copies are users; the use count is exact).
+// While a PoolRoute is open, allocations that match its filter (a stream, the capture a stream belongs
+// to, or the calling thread) go to the pool; routes nest and the innermost (latest opened) match wins.
+// A GraphPin says a graph that replays into the pool exists: while any pin lives, none of the pool's
+// memory goes back to the device, not even by EmptyCache. A pool with no users, no pins and no live
+// blocks returns all its memory and disappears.
+#ifndef GRAPHALLOC_ALLOCATOR_PRIVATE_POOL_H_
+#define GRAPHALLOC_ALLOCATOR_PRIVATE_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "allocator/device/driver.h"
+
+namespace graphalloc {
+
+class CachingAllocator;
+
+// 0 is the default pool (the ordinary cache); private pools get 1, 2, ... in creation order.
+using PoolId = std::uint64_t;
+inline constexpr PoolId kDefaultPool = 0;
+
+struct PoolOptions {
+  // A default-pool allocation that would otherwise fail may take this pool's cached free blocks (no new
+  // segment is created in the pool for it). PyTorch's MemPool(use_on_oom=True).
+  bool use_on_oom = false;
+  // Blocks of this pool are never split: each allocation gets a segment of its own, sized to the request
+  // (rounded to the device's granularity), for memory registered whole with other libraries (NCCL).
+  bool no_split = false;
+};
+
+struct PoolStats {
+  std::size_t reserved_bytes = 0;  // mapped or allocated device memory of the pool's segments
+  std::size_t peak_reserved_bytes = 0;
+  std::size_t allocated_bytes = 0;  // bytes of the pool's live blocks
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t segments = 0;
+  std::size_t live_blocks = 0;  // allocated blocks (including frees deferred until a capture ends)
+  int use_count = 0;            // PrivatePool handles
+  int graph_pins = 0;           // GraphPins
+};
+
+// Which allocations a route sends to its pool.
+struct PoolRouteFilter {
+  enum class Kind { kStream, kCapture, kThread };
+  Kind kind = Kind::kThread;
+  Stream stream = kDefaultStream;  // kStream: that stream
+  std::uint64_t capture_id = 0;    // kCapture: any stream whose current capture has this id
+  std::thread::id thread{};        // kThread: allocations made by this thread
+
+  static PoolRouteFilter ForStream(Stream s) { return {.kind = Kind::kStream, .stream = s}; }
+  // Filled from Driver::GetCaptureInfo(capturing_stream) when the route opens: every stream joined into
+  // that capture matches, and nothing matches once the capture ends.
+  static PoolRouteFilter ForCaptureOf(Stream capturing_stream) {
+    return {.kind = Kind::kCapture, .stream = capturing_stream};
+  }
+  static PoolRouteFilter ForCallingThread() {
+    return {.kind = Kind::kThread, .thread = std::this_thread::get_id()};
+  }
+};
+
+// A user of a private pool. Copying adds a user; destroying or Reset() drops one.
+class PrivatePool {
+ public:
+  PrivatePool() = default;
+  PrivatePool(const PrivatePool& other);
+  PrivatePool& operator=(const PrivatePool& other);
+  PrivatePool(PrivatePool&& other) noexcept;
+  PrivatePool& operator=(PrivatePool&& other) noexcept;
+  ~PrivatePool() { Reset(); }
+
+  PoolId id() const { return id_; }
+  explicit operator bool() const { return allocator_ != nullptr; }
+  CachingAllocator* allocator() const { return allocator_; }
+  void Reset();
+
+ private:
+  friend class CachingAllocator;
+  PrivatePool(CachingAllocator* allocator, PoolId id) : allocator_(allocator), id_(id) {}
+  CachingAllocator* allocator_ = nullptr;
+  PoolId id_ = kDefaultPool;
+};
+
+// An open route (see CachingAllocator::BeginAllocateToPool). Ends when destroyed or End() is called; the
+// route holds a use of its pool until then.
+class PoolRoute {
+ public:
+  PoolRoute() = default;
+  PoolRoute(const PoolRoute&) = delete;
+  PoolRoute& operator=(const PoolRoute&) = delete;
+  PoolRoute(PoolRoute&& other) noexcept;
+  PoolRoute& operator=(PoolRoute&& other) noexcept;
+  ~PoolRoute() { (void)End(); }
+
+  bool active() const { return allocator_ != nullptr; }
+  PoolId pool() const { return pool_; }
+  // Stops routing. When it was the last capture route, frees deferred during captures record their events
+  // now (on streams no longer capturing). Errors of those event records are returned; the route ends anyway.
+  absl::Status End();
+
+ private:
+  friend class CachingAllocator;
+  PoolRoute(CachingAllocator* allocator, std::uint64_t route_id, PoolId pool)
+      : allocator_(allocator), route_id_(route_id), pool_(pool) {}
+  CachingAllocator* allocator_ = nullptr;
+  std::uint64_t route_id_ = 0;
+  PoolId pool_ = kDefaultPool;
+};
+
+// Keeps every byte of a pool reserved while a graph that replays into it lives (see the file comment).
+class GraphPin {
+ public:
+  GraphPin() = default;
+  GraphPin(const GraphPin&) = delete;
+  GraphPin& operator=(const GraphPin&) = delete;
+  GraphPin(GraphPin&& other) noexcept;
+  GraphPin& operator=(GraphPin&& other) noexcept;
+  ~GraphPin() { Reset(); }
+
+  bool active() const { return allocator_ != nullptr; }
+  void Reset();
+
+ private:
+  friend class CachingAllocator;
+  GraphPin(CachingAllocator* allocator, PoolId pool) : allocator_(allocator), pool_(pool) {}
+  CachingAllocator* allocator_ = nullptr;
+  PoolId pool_ = kDefaultPool;
+};
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_PRIVATE_POOL_H_
