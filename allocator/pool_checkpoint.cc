@@ -12,7 +12,6 @@
 #include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/size_policy.h"
@@ -314,8 +313,9 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     std::size_t size;
     Stream stream;
   };
+  // Both in address order (segments_ is, and so is each chain): the differences are a linear merge.
   std::vector<Live> live_before;
-  absl::flat_hash_set<std::pair<DevicePtr, std::size_t>> allocated_after;
+  std::vector<Live> allocated_after;
   for (const auto& [base, segment] : segments_) {
     if (std::find(shards.begin(), shards.end(), segment->shard) == shards.end()) continue;
     StreamShard& shard = *segment->shard;
@@ -375,7 +375,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
         const DevicePtr p = segment->base + bs.offset;
         if (bs.allocated) {
           pieces.push_back({p, bs.size, true, true, bs.requested_size});
-          allocated_after.insert({p, bs.size});
+          allocated_after.push_back({p, bs.size, segment->stream});
         } else {
           add_free(p, p + bs.size);
         }
@@ -427,23 +427,23 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       }
     }
   }
-  absl::flat_hash_set<std::pair<DevicePtr, std::size_t>> live_set;
-  for (const Live& l : live_before) {
-    live_set.insert({l.ptr, l.size});
-    if (!allocated_after.contains(std::make_pair(l.ptr, l.size))) {
+  auto key = [](const Live& l) { return std::make_pair(l.ptr, l.size); };
+  std::size_t i = 0, j = 0;
+  while (i < live_before.size() || j < allocated_after.size()) {
+    if (j == allocated_after.size() ||
+        (i < live_before.size() && key(live_before[i]) < key(allocated_after[j]))) {
+      const Live& l = live_before[i++];
       result.freed.push_back(l.ptr);
       history_.Record(HistoryAction::kFreeCompleted, l.ptr, l.size, static_cast<std::uint64_t>(l.stream), 0);
+    } else if (i == live_before.size() || key(allocated_after[j]) < key(live_before[i])) {
+      const Live& l = allocated_after[j++];
+      result.created.push_back({l.ptr, l.size, l.stream});
+      history_.Record(HistoryAction::kAlloc, l.ptr, l.size, static_cast<std::uint64_t>(l.stream), 0);
+    } else {
+      ++i;  // live in both
+      ++j;
     }
   }
-  for (const CheckpointSegment& s : checkpoint.segments) {
-    for (const CheckpointBlock& bs : s.blocks) {
-      if (!bs.allocated || live_set.contains(std::make_pair(s.base + bs.offset, bs.size))) continue;
-      result.created.push_back({s.base + bs.offset, bs.size, s.stream});
-      history_.Record(HistoryAction::kAlloc, s.base + bs.offset, bs.size,
-                      static_cast<std::uint64_t>(s.stream), 0);
-    }
-  }
-  std::sort(result.freed.begin(), result.freed.end());
 
   // ---- Phase 3: unmap chunks lying in ranges the checkpoint had unmapped. ----
   for (const CheckpointSegment& s : checkpoint.segments) {

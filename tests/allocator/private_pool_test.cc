@@ -382,5 +382,95 @@ TEST_F(PoolCaptureTest, RouteForAStreamThatIsNotCapturingIsRefused) {
       allocator_->BeginAllocateToPool(PrivatePool(), PoolRouteFilter::ForStream(s)).status()));
 }
 
+// Captures `fill` of `value` into a fresh allocation of the pool; returns the graph and the output.
+struct Captured {
+  Graph graph{};
+  GraphExec exec{};
+  DevicePtr out = 0;
+  DevicePtr scratch = 0;
+};
+
+class PoolGraphTest : public PrivatePoolTest {
+ protected:
+  // Captures: scratch = value; out = scratch; scratch freed inside the capture (the pool reuses it later).
+  Captured CaptureCopy(const PrivatePool& pool, Stream s, std::uint8_t value, std::size_t bytes) {
+    Captured c;
+    EXPECT_OK(driver_->BeginCapture(s, CaptureMode::kGlobal));
+    absl::StatusOr<PoolRoute> route = allocator_->BeginAllocateToPool(pool, PoolRouteFilter::ForCaptureOf(s));
+    EXPECT_TRUE(route.ok()) << route.status();
+    absl::StatusOr<DevicePtr> out = allocator_->Allocate(bytes, s);
+    absl::StatusOr<DevicePtr> scratch = allocator_->Allocate(bytes, s);
+    EXPECT_TRUE(out.ok() && scratch.ok());
+    c.out = *out;
+    c.scratch = *scratch;
+    EXPECT_OK(driver_->MemsetAsync(c.scratch, value, bytes, s));
+    EXPECT_OK(driver_->CopyAsync(c.out, c.scratch, bytes, s));
+    EXPECT_OK(allocator_->Free(c.scratch));
+    absl::StatusOr<Graph> graph = driver_->EndCapture(s);
+    EXPECT_TRUE(graph.ok()) << graph.status();
+    EXPECT_OK(route->End());
+    c.graph = *graph;
+    absl::StatusOr<GraphExec> exec = driver_->GraphInstantiate(c.graph);
+    EXPECT_TRUE(exec.ok()) << exec.status();
+    c.exec = *exec;
+    return c;
+  }
+  void Destroy(const Captured& c) {
+    EXPECT_OK(driver_->GraphExecDestroy(c.exec));
+    EXPECT_OK(driver_->GraphDestroy(c.graph));
+  }
+};
+
+TEST_F(PoolGraphTest, TwoGraphsSharingAPoolReplayInCaptureOrder) {
+  GRAPHALLOC_ALLOCATOR_SETUP();
+  const Stream s = NewStream();
+  constexpr std::size_t kBytes = 2 << 20;
+  ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool());
+  ASSERT_OK_AND_ASSIGN(GraphPin pin, allocator_->PinForGraph(pool));
+  const Captured g1 = CaptureCopy(pool, s, 0x21, kBytes);
+  const Captured g2 = CaptureCopy(pool, s, 0x42, kBytes);
+  // g2 reused the scratch block g1 freed during its capture: sharing saves memory, and is why graphs
+  // sharing a pool must replay in capture order.
+  EXPECT_EQ(g2.out, g1.scratch);
+  EXPECT_EQ(PoolStatsOf(pool).live_blocks, 2u);
+  for (int replay = 0; replay < 3; ++replay) {
+    ASSERT_OK(driver_->GraphLaunch(g1.exec, s));
+    ASSERT_OK(driver_->GraphLaunch(g2.exec, s));
+    ASSERT_OK(driver_->StreamSynchronize(s));
+    EXPECT_EQ(Read(g1.out, kBytes), std::vector<std::uint8_t>(kBytes, 0x21));
+    EXPECT_EQ(Read(g2.out, kBytes), std::vector<std::uint8_t>(kBytes, 0x42));
+  }
+  Destroy(g1);
+  Destroy(g2);
+  FreeOk(g1.out);
+  FreeOk(g2.out);
+}
+
+TEST_F(PoolGraphTest, RestoreThenNewCaptureReusesTheRestoredFreeBlocks) {
+  GRAPHALLOC_ALLOCATOR_SETUP();
+  const Stream s = NewStream();
+  constexpr std::size_t kBytes = 2 << 20;
+  ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool());
+  ASSERT_OK_AND_ASSIGN(GraphPin pin, allocator_->PinForGraph(pool));
+  const Captured a = CaptureCopy(pool, s, 0x0a, kBytes);
+  ASSERT_OK_AND_ASSIGN(const PoolCheckpoint after_a, allocator_->Checkpoint(pool));
+  const Captured b = CaptureCopy(pool, s, 0x0b, kBytes);  // a branch: A then B
+  ASSERT_OK_AND_ASSIGN(const RestoreResult r, allocator_->Restore(pool, after_a));
+  EXPECT_EQ(r.freed, std::vector<DevicePtr>{b.out});  // B's output is not part of A's state
+  EXPECT_TRUE(r.created.empty());
+  const Captured c = CaptureCopy(pool, s, 0x0c, kBytes);  // the other branch: A then C
+  EXPECT_EQ(c.out, b.out);                                // the restored free blocks serve the new capture
+  EXPECT_EQ(c.scratch, b.scratch);
+  ASSERT_OK(driver_->GraphLaunch(a.exec, s));
+  ASSERT_OK(driver_->GraphLaunch(c.exec, s));
+  ASSERT_OK(driver_->StreamSynchronize(s));
+  EXPECT_EQ(Read(a.out, kBytes), std::vector<std::uint8_t>(kBytes, 0x0a));
+  EXPECT_EQ(Read(c.out, kBytes), std::vector<std::uint8_t>(kBytes, 0x0c));
+  for (const Captured* g : {&a, &b, &c}) Destroy(*g);
+  FreeOk(a.out);
+  FreeOk(c.out);
+  ExpectInvariants();
+}
+
 }  // namespace
 }  // namespace graphalloc
