@@ -65,6 +65,38 @@ absl::Status ValidateSegmentState(const CheckpointSegment& s, std::size_t granul
   return absl::OkStatus();
 }
 
+// Statistics of the blocks a restore takes out of (or puts into) one shard's pool kind, applied once: a
+// 10,000-block restore would otherwise spend much of its time on per-block counter updates.
+struct StatDelta {
+  std::int64_t blocks = 0;
+  std::int64_t bytes = 0;
+  std::int64_t requested = 0;
+  std::int64_t oversize = 0;
+  std::int64_t split_blocks = 0;
+  std::int64_t split_bytes = 0;
+
+  void Add(const Block* b, std::size_t max_split_size) {
+    ++blocks;
+    bytes += static_cast<std::int64_t>(b->size);
+    requested += static_cast<std::int64_t>(b->requested_size);
+    if (b->size >= max_split_size) ++oversize;
+  }
+};
+
+// True when the segment's chain is exactly the checkpointed one: nothing to rebuild.
+bool ChainMatches(const Segment* segment, const CheckpointSegment& s) {
+  std::size_t i = 0;
+  for (const Block* b = segment->head; b != nullptr; b = b->next, ++i) {
+    if (i == s.blocks.size()) return false;
+    const CheckpointBlock& c = s.blocks[i];
+    if (b->ptr != s.base + c.offset || b->size != c.size || b->allocated != c.allocated ||
+        b->mapped != c.mapped || (b->allocated && b->requested_size != c.requested_size)) {
+      return false;
+    }
+  }
+  return i == s.blocks.size();
+}
+
 Block* BlockContaining(Segment* segment, DevicePtr ptr) {
   for (Block* b = segment->head; b != nullptr; b = b->next) {
     if (ptr >= b->ptr && ptr < b->end()) return b;
@@ -316,23 +348,38 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   // Both in address order (segments_ is, and so is each chain): the differences are a linear merge.
   std::vector<Live> live_before;
   std::vector<Live> allocated_after;
+  // Statistics deltas per (shard, pool kind), applied after the loop.
+  struct ShardDelta {
+    StreamShard* shard;
+    bool small;
+    StatDelta out, in;
+  };
+  std::vector<ShardDelta> deltas;
+  auto delta_for = [&](StreamShard* shard, bool small) -> ShardDelta& {
+    for (ShardDelta& d : deltas) {
+      if (d.shard == shard && d.small == small) return d;
+    }
+    deltas.push_back({shard, small, {}, {}});
+    return deltas.back();
+  };
+  std::vector<Piece> pieces;
+  std::vector<Piece> merged;
   for (const auto& [base, segment] : segments_) {
     if (std::find(shards.begin(), shards.end(), segment->shard) == shards.end()) continue;
+    auto w = wanted.find(segment->base);
+    if (w != wanted.end() && ChainMatches(segment, *w->second)) continue;  // already the checkpoint's
     StreamShard& shard = *segment->shard;
     BlockPool& bp = *segment->pool;
-    const bool small = bp.is_small;
-    DeviceStats& stats = shard.stats;
+    ShardDelta& delta = delta_for(&shard, bp.is_small);
     const bool split_counted = !segment->expandable;
-    // Out with the old chain (and its statistics).
+    // Out with the old chain.
     const bool was_split = segment->head->next != nullptr;
     for (Block* b = segment->head; b != nullptr;) {
       Block* next = b->next;
       if (b->allocated) {
         live_before.push_back({b->ptr, b->size, b->stream});
         shard.allocated.Erase(b->ptr);
-        UpdateAllocationStats(shard, b, small, -1);
-        stats.active.Decrease(small, 1);
-        stats.active_bytes.Decrease(small, static_cast<std::int64_t>(b->size));
+        delta.out.Add(b, config_.max_split_size);
       } else {
         if (b->mapped) {
           bp.Erase(b);
@@ -340,8 +387,8 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
           bp.unmapped.erase(b->ptr);
         }
         if (split_counted && was_split) {
-          stats.inactive_split.Decrease(small, 1);
-          stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(b->size));
+          ++delta.out.split_blocks;
+          delta.out.split_bytes += static_cast<std::int64_t>(b->size);
         }
       }
       shard.arena.Delete(b);
@@ -349,7 +396,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     }
     // The new chain: the checkpoint's blocks, or (a segment created since) one free range. Free ranges of
     // an expandable segment follow its chunk map, since what is mapped now is what the blocks must say.
-    std::vector<Piece> pieces;
+    pieces.clear();
     auto add_free = [&](DevicePtr begin, DevicePtr end) {
       if (!segment->expandable) {
         pieces.push_back({begin, end - begin, false, true, 0});
@@ -370,7 +417,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
         at = chunk_end;
       }
     };
-    if (auto w = wanted.find(segment->base); w != wanted.end()) {
+    if (w != wanted.end()) {
       for (const CheckpointBlock& bs : w->second->blocks) {
         const DevicePtr p = segment->base + bs.offset;
         if (bs.allocated) {
@@ -384,7 +431,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       add_free(segment->base, segment->base + segment->size);
     }
     // Neighbouring free pieces of one mapped state are one block.
-    std::vector<Piece> merged;
+    merged.clear();
     for (const Piece& p : pieces) {
       if (!merged.empty() && !p.allocated && !merged.back().allocated && merged.back().mapped == p.mapped) {
         merged.back().size += p.size;
@@ -412,20 +459,35 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
         b->allocated = true;
         b->requested_size = p.requested;
         shard.allocated.Insert(b->ptr, b);
-        UpdateAllocationStats(shard, b, small, +1);
-        stats.active.Increase(small, 1);
-        stats.active_bytes.Increase(small, static_cast<std::int64_t>(b->size));
+        delta.in.Add(b, config_.max_split_size);
       } else if (p.mapped) {
         b->gc_count_base = bp.free_block_lookups;
         bp.Insert(b);
         if (split_counted && now_split) {
-          stats.inactive_split.Increase(small, 1);
-          stats.inactive_split_bytes.Increase(small, static_cast<std::int64_t>(b->size));
+          ++delta.in.split_blocks;
+          delta.in.split_bytes += static_cast<std::int64_t>(b->size);
         }
       } else {
         bp.unmapped.emplace(b->ptr, b);
       }
     }
+  }
+  for (const ShardDelta& d : deltas) {
+    DeviceStats& st = d.shard->stats;
+    const bool small = d.small;
+    auto apply = [&](StatArray& a, std::int64_t out, std::int64_t in) {
+      if (out != 0) a.Decrease(small, out);
+      if (in != 0) a.Increase(small, in);
+    };
+    apply(st.allocation, d.out.blocks, d.in.blocks);
+    apply(st.allocated_bytes, d.out.bytes, d.in.bytes);
+    apply(st.requested_bytes, d.out.requested, d.in.requested);
+    apply(st.oversize_allocations, d.out.oversize, d.in.oversize);
+    apply(st.active, d.out.blocks, d.in.blocks);
+    apply(st.active_bytes, d.out.bytes, d.in.bytes);
+    apply(st.inactive_split, d.out.split_blocks, d.in.split_blocks);
+    apply(st.inactive_split_bytes, d.out.split_bytes, d.in.split_bytes);
+    d.shard->pool->AddAllocated(d.in.bytes - d.out.bytes, d.in.blocks - d.out.blocks);
   }
   auto key = [](const Live& l) { return std::make_pair(l.ptr, l.size); };
   std::size_t i = 0, j = 0;
