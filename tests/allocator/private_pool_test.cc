@@ -170,6 +170,14 @@ TEST_F(PrivatePoolTest, PerPoolStatsAndEmptyPoolCacheTouchOnlyThatPool) {
     FreeOk(a);
     FreeOk(b);
   }
+  const MemorySnapshot snap = allocator_->TakeSnapshot();
+  ASSERT_EQ(snap.pools.size(), 2u);
+  EXPECT_EQ(snap.pools[1].id, pool.id());
+  EXPECT_EQ(snap.pools[1].reserved_bytes, 26 * kMiB);
+  EXPECT_EQ(snap.pools[1].use_count, 1);
+  std::size_t in_pool = 0;
+  for (const SegmentSnapshot& seg : snap.segments) in_pool += seg.pool_id == pool.id() ? 1 : 0;
+  EXPECT_EQ(in_pool, 2u);
   ASSERT_OK(allocator_->EmptyPoolCache(pool.id()));
   const PoolStats ps = PoolStatsOf(pool);
   EXPECT_EQ(ps.reserved_bytes, 0u);
