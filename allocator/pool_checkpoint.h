@@ -13,31 +13,31 @@
 namespace graphalloc {
 
 // One block of a segment, in address order.
-struct BlockState {
+struct CheckpointBlock {
   std::size_t offset = 0;  // from the segment's base
   std::size_t size = 0;
   bool allocated = false;
   bool mapped = true;  // false only for unmapped ranges of an expandable segment
   std::size_t requested_size = 0;
 
-  friend bool operator==(const BlockState&, const BlockState&) = default;
+  friend bool operator==(const CheckpointBlock&, const CheckpointBlock&) = default;
 };
 
-struct SegmentState {
+struct CheckpointSegment {
   DevicePtr base = 0;
   std::size_t size = 0;
   Stream stream = kDefaultStream;
   bool small = false;  // the small-block pool's segment
   bool expandable = false;
-  std::vector<BlockState> blocks;  // tiles [base, base + size) exactly
+  std::vector<CheckpointBlock> blocks;  // tiles [base, base + size) exactly
 
-  friend bool operator==(const SegmentState&, const SegmentState&) = default;
+  friend bool operator==(const CheckpointSegment&, const CheckpointSegment&) = default;
 };
 
 struct PoolCheckpoint {
   PoolId pool = kDefaultPool;
   std::uint64_t allocator_id = 0;      // which allocator took it
-  std::vector<SegmentState> segments;  // in address order
+  std::vector<CheckpointSegment> segments;  // in address order
 };
 
 // An allocation that Restore() brought back to life: allocated in the checkpoint, free just before.
