@@ -1,6 +1,7 @@
 // The slow path: new segments, releasing the cache under pressure, garbage collection and the
 // out-of-memory report. Driver calls happen here, always with every lock released.
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -8,9 +9,36 @@
 #include "allocator/size_policy.h"
 
 namespace graphalloc {
+namespace {
+
+// Puts the calling thread in relaxed capture mode for its lifetime, as PyTorch does around cudaMalloc
+// during a capture: a new segment for a pool being captured into is legal, but a global-mode capture
+// would refuse (and be invalidated by) the allocation call otherwise.
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(Driver& driver) : driver_(driver) {
+    absl::StatusOr<CaptureMode> previous = driver_.ExchangeCaptureMode(CaptureMode::kRelaxed);
+    if (previous.ok()) previous_ = *previous;
+  }
+  ~RelaxedCaptureMode() {
+    if (previous_.has_value()) (void)driver_.ExchangeCaptureMode(*previous_);
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  Driver& driver_;
+  std::optional<CaptureMode> previous_;
+};
+
+std::size_t RoundUpTo(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
+
+}  // namespace
 
 absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std::size_t size,
                                                          std::size_t requested) {
+  if (captures_underway_.load(std::memory_order_acquire) > 0)
+    return AllocateDuringCapture(shard, size, requested);
   // Another thread may have freed a fitting block since the fast path looked, and the quick cache may hold
   // blocks that merge into one that fits: each step below retries the cache before asking for more.
   auto from_cache = [&]() -> DevicePtr {
@@ -22,8 +50,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
   };
   auto new_segment = [&]() -> absl::StatusOr<DevicePtr> {
     if (DevicePtr p = from_cache()) return p;
-    if (config_.expandable_segments) return AllocateExpandable(shard, size, requested);
-    return AllocateSegment(shard, size, requested);
+    return NewSegmentFor(shard, size, requested);
   };
 
   if (config_.garbage_collection_threshold > 0.0) {
@@ -52,14 +79,46 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
   }
   result = new_segment();
   if (!result.ok() || *result != 0) return result;
+  if (shard.pool == nullptr) {
+    if (DevicePtr p = AllocateFromOomPools(shard.stream, size, requested)) return p;
+  }
   // A failed growth may have cached the handles it could not map: out of memory leaves nothing idle.
   if (config_.expandable_segments) (void)ReleaseCachedHandles();
   return OutOfMemory(size, shard.stream);
 }
 
+absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard, std::size_t size,
+                                                          std::size_t requested) {
+  // A no_split pool wants one segment per block, which expandable segments (one growing range) are not.
+  const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
+  if (config_.expandable_segments && !no_split) return AllocateExpandable(shard, size, requested);
+  return AllocateSegment(shard, size, requested);
+}
+
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& shard, std::size_t size,
+                                                                  std::size_t requested) {
+  // Capture mode: no event is queried or synchronized and nothing goes back to the device (the capture
+  // may use it, and freeing is illegal while capturing); only the cache and new memory can serve.
+  RelaxedCaptureMode relaxed(*driver_);
+  {
+    SpinLockHolder lock(&shard.mu);
+    FlushQuickCache(shard);
+    BlockPool& pool = shard.PoolFor(size);
+    if (Block* block = TakeFreeBlock(shard, pool, size))
+      return FinishAllocation(shard, pool, block, size, requested);
+  }
+  absl::StatusOr<DevicePtr> result = NewSegmentFor(shard, size, requested);
+  if (!result.ok() || *result != 0) return result;
+  if (shard.pool == nullptr) {
+    if (DevicePtr p = AllocateFromOomPools(shard.stream, size, requested)) return p;
+  }
+  return OutOfMemory(size, shard.stream);
+}
+
 absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, std::size_t size,
                                                             std::size_t requested) {
-  const std::size_t segment_size = SegmentSizeFor(size, config_);
+  const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
+  const std::size_t segment_size = no_split ? RoundUpTo(size, kRoundLarge) : SegmentSizeFor(size, config_);
   {
     MutexLock lock(&device_mu_);
     const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
@@ -104,6 +163,7 @@ void CachingAllocator::LinkSegment(Segment* segment) {
   segments_.emplace(segment->base, segment);
   device_stats_.segment.Increase(small, 1);
   device_stats_.reserved_bytes.Increase(small, static_cast<std::int64_t>(segment->size));
+  AccountPoolReserved(segment, static_cast<std::int64_t>(segment->size));
   if (segment->size >= config_.max_split_size) device_stats_.oversize_segments.Increase(small, 1);
 }
 
@@ -112,15 +172,24 @@ void CachingAllocator::UnlinkSegment(Segment* segment) {
   segments_.erase(segment->base);
   device_stats_.segment.Decrease(small, 1);
   device_stats_.reserved_bytes.Decrease(small, static_cast<std::int64_t>(segment->size));
+  AccountPoolReserved(segment, -static_cast<std::int64_t>(segment->size));
   if (segment->size >= config_.max_split_size) device_stats_.oversize_segments.Decrease(small, 1);
 }
 
-absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(bool only_oversize, std::size_t wanted)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+void CachingAllocator::AccountPoolReserved(const Segment* segment, std::int64_t bytes) {
+  PoolState* pool = segment->shard->pool;
+  if (pool == nullptr) return;
+  pool->reserved_bytes += bytes;
+  pool->peak_reserved_bytes = std::max(pool->peak_reserved_bytes, pool->reserved_bytes);
+}
+
+absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
+    bool only_oversize, std::size_t wanted, PoolId scope) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Candidates from every shard, chosen with all of them locked so that the choice is coherent.
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   std::vector<Block*> candidates;
   ForEachShard([&](StreamShard* shard) {
+    if (!Releasable(shard, scope)) return;
     FlushQuickCache(*shard);
     for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
       if (only_oversize && pool->is_small) continue;
@@ -166,7 +235,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(bool only_ov
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   if (!only_oversize) {
     // Expandable segments give back their free pages wherever they are (never counted as oversize).
-    absl::StatusOr<std::size_t> unmapped = ReleaseExpandableMemory();
+    absl::StatusOr<std::size_t> unmapped = ReleaseExpandableMemory(scope);
     if (!unmapped.ok()) return unmapped.status();
     freed += *unmapped;
   }
@@ -218,6 +287,7 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
     std::vector<Block*> candidates;
     double total_age = 0;
     ForEachShard([&](StreamShard* shard) {
+      if (!Releasable(shard, kDefaultPool)) return;
       FlushQuickCache(*shard);
       const BlockPool& pool = shard->large_pool;
       for (const FreeKey& key : pool.blocks) {
@@ -279,9 +349,27 @@ absl::Status CachingAllocator::OutOfMemory(std::size_t size, Stream stream) {
 }
 
 absl::Status CachingAllocator::EmptyCache() {
+  if (captures_underway_.load(std::memory_order_acquire) > 0) {
+    return absl::FailedPreconditionError(
+        "EmptyCache during a CUDA graph capture: freeing device memory is illegal while capturing (and the "
+        "capture may use the cached memory); call it after the capture ends");
+  }
+  if (absl::Status s = RunDeferredFrees(); !s.ok()) return s;
   if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
   absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0);
-  return freed.status();
+  if (!freed.ok()) return freed.status();
+  // Pools whose last user left while their memory could not go yet: finish them now.
+  std::vector<PoolId> orphans;
+  {
+    MutexLock lock(&device_mu_);
+    for (const auto& [id, pool] : pools_) {
+      if (pool->orphaned.load(std::memory_order_acquire)) orphans.push_back(id);
+    }
+  }
+  for (PoolId id : orphans) {
+    if (absl::Status s = MaybeReleasePool(id); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace graphalloc

@@ -12,8 +12,6 @@
 
 namespace graphalloc {
 
-class PrivatePool;
-
 struct FreeKey {
   std::size_t size;
   DevicePtr ptr;
@@ -25,7 +23,7 @@ struct FreeKey {
 };
 
 struct BlockPool {
-  BlockPool(bool small, PrivatePool* owner) : is_small(small), owner(owner) {}
+  explicit BlockPool(bool small) : is_small(small) {}
 
   // Smallest free block with size >= `size` (lowest address among equals), or end().
   absl::btree_set<FreeKey>::iterator LowerBound(std::size_t size) {
@@ -38,7 +36,6 @@ struct BlockPool {
   }
 
   const bool is_small;
-  PrivatePool* const owner;  // nullptr for the device's default pool
   absl::btree_set<FreeKey> blocks;
   // Unmapped address ranges of this pool's expandable segments, by address (never in `blocks`).
   absl::btree_map<DevicePtr, Block*> unmapped;

@@ -17,8 +17,10 @@ std::atomic<std::uint64_t> next_allocator_id{1};
 // the owner of a pointer it frees without searching.
 struct ShardCache {
   std::uint64_t allocator_id = 0;
+  PoolId pool = kDefaultPool;
   Stream stream = kDefaultStream;
   StreamShard* shard = nullptr;
+  std::uint64_t generation = 0;  // the shard's, when cached: a reused shard no longer matches
 };
 thread_local ShardCache tls_shard;
 
@@ -80,27 +82,53 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   ForEachShard([](StreamShard* shard) { delete shard; });
 }
 
-StreamShard* CachingAllocator::ShardFor(Stream stream) {
-  ShardCache& cache = tls_shard;
-  if (cache.allocator_id == id_ && cache.stream == stream) return cache.shard;
+StreamShard* CachingAllocator::FindShard(PoolId pool, Stream stream) const {
   StreamShard* found = nullptr;
   ForEachShard([&](StreamShard* s) {
-    if (found == nullptr && s->stream == stream) found = s;
+    if (found == nullptr && s->key_stream.load(std::memory_order_acquire) == stream &&
+        s->key_pool.load(std::memory_order_acquire) == pool) {
+      found = s;
+    }
   });
+  return found;
+}
+
+StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
+  ShardCache& cache = tls_shard;
+  if (cache.allocator_id == id_ && cache.stream == stream && cache.pool == pool &&
+      cache.shard->generation.load(std::memory_order_acquire) == cache.generation) {
+    return cache.shard;
+  }
+  StreamShard* found = FindShard(pool, stream);
   if (found == nullptr) {
     MutexLock lock(&device_mu_);
-    ForEachShard([&](StreamShard* s) {
-      if (found == nullptr && s->stream == stream) found = s;
-    });
+    found = FindShard(pool, stream);
     if (found == nullptr) {
-      const std::size_t n = shard_count_.load(std::memory_order_relaxed);
-      if (n == kMaxStreams) return nullptr;
-      found = new StreamShard(stream);
-      shards_[n].store(found, std::memory_order_release);
-      shard_count_.store(n + 1, std::memory_order_release);
+      PoolState* state = nullptr;
+      if (pool != kDefaultPool) {
+        auto it = pools_.find(pool);
+        if (it == pools_.end()) return nullptr;
+        state = it->second.get();
+      }
+      if (!retired_shards_.empty()) {
+        // A shard of a released pool: empty, and unknown to every lookup until re-keyed here.
+        found = retired_shards_.back();
+        retired_shards_.pop_back();
+        SpinLockHolder shard_lock(&found->mu);
+        found->stream = stream;
+        found->pool = state;
+        found->key_stream.store(stream, std::memory_order_release);
+        found->key_pool.store(pool, std::memory_order_release);
+      } else {
+        const std::size_t n = shard_count_.load(std::memory_order_relaxed);
+        if (n == kMaxShards) return nullptr;
+        found = new StreamShard(stream, state);
+        shards_[n].store(found, std::memory_order_release);
+        shard_count_.store(n + 1, std::memory_order_release);
+      }
     }
   }
-  cache = ShardCache{id_, stream, found};
+  cache = ShardCache{id_, pool, stream, found, found->generation.load(std::memory_order_acquire)};
   return found;
 }
 
@@ -110,14 +138,20 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
     return absl::ResourceExhaustedError(absl::StrFormat(
         "out of memory: tried to allocate %d bytes, more than 1 EiB; no device has that much memory", bytes));
   }
-  StreamShard* shard = ShardFor(stream);
+  const PoolId pool_id =
+      open_routes_.load(std::memory_order_acquire) == 0 ? kDefaultPool : RoutedPool(stream);
+  StreamShard* shard = ShardFor(pool_id, stream);
   if (shard == nullptr) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "Allocate on stream 0x%x: this allocator already serves %d streams, its maximum; reuse streams "
-        "(a stream pool) instead of creating one per operation",
-        static_cast<std::uintptr_t>(stream), kMaxStreams));
+        "Allocate on stream 0x%x: this allocator already serves %d (pool, stream) pairs, its maximum; reuse "
+        "streams (a stream pool) instead of creating one per operation",
+        static_cast<std::uintptr_t>(stream), kMaxShards));
   }
-  if (shard->pending_event_count.load(std::memory_order_relaxed) > 0) ProcessEvents(*shard);
+  // Event queries are illegal while a capture is underway: they wait for the capture to end.
+  if (shard->pending_event_count.load(std::memory_order_relaxed) > 0 &&
+      captures_underway_.load(std::memory_order_relaxed) == 0) {
+    ProcessEvents(*shard);
+  }
   const std::size_t size = RoundSize(bytes, config_);
   {
     SpinLockHolder lock(&shard->mu);
@@ -165,8 +199,10 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
   // oversize blocks are never split.
   // Expandable segments split any remainder: their free space is contiguous and merges back.
   const bool expandable = block->segment->expandable;
-  const bool split = small || expandable ? remaining >= kMinBlockSize
-                                         : (size < config_.max_split_size && remaining > kSmallSize);
+  const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
+  const bool split =
+      !no_split && (small || expandable ? remaining >= kMinBlockSize
+                                        : (size < config_.max_split_size && remaining > kSmallSize));
   const bool was_split = block->IsSplit() && !expandable;  // inactive_split excludes expandable blocks
   DeviceStats& stats = shard.stats;
   if (split) {
@@ -245,6 +281,7 @@ void CachingAllocator::UpdateAllocationStats(StreamShard& shard, const Block* bl
   const auto bytes = static_cast<std::int64_t>(block->size);
   const auto requested = static_cast<std::int64_t>(block->requested_size);
   const bool oversize = block->size >= config_.max_split_size;
+  if (shard.pool != nullptr) shard.pool->AddAllocated(sign * bytes, sign);
   if (sign > 0) {
     stats.allocation.Increase(small, 1);
     stats.allocated_bytes.Increase(small, bytes);
@@ -294,13 +331,39 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     UpdateAllocationStats(*shard, block, block->segment->pool->is_small, -1);
     block->requested_size = 0;
     ReleaseBlock(*shard, block);
+    const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
     shard->mu.Unlock();
-    return absl::OkStatus();
+    return last_of_orphan != kDefaultPool ? MaybeReleasePool(last_of_orphan) : absl::OkStatus();
   }
   // Marked at once, so that a concurrent second Free of the same pointer is refused.
   block->freeing = true;
+  if (captures_underway_.load(std::memory_order_acquire) > 0) {
+    // Recording events on streams that may be capturing would put them into the graph (and querying them
+    // later is illegal): the free waits until the last capture route ends (RunDeferredFrees).
+    MutexLock lock(&routes_mu_);
+    if (captures_underway_.load(std::memory_order_relaxed) > 0) {
+      deferred_frees_.emplace_back(shard, block);
+      shard->mu.Unlock();
+      return absl::OkStatus();
+    }
+  }
   shard->mu.Unlock();
-  return FreeWithStreamUses(*shard, ptr, block);
+  if (absl::Status s = FreeWithStreamUses(*shard, ptr, block); !s.ok()) return s;
+  PoolId last_of_orphan = kDefaultPool;
+  {
+    SpinLockHolder lock(&shard->mu);
+    last_of_orphan = LastBlockOfOrphan(*shard);
+  }
+  return last_of_orphan != kDefaultPool ? MaybeReleasePool(last_of_orphan) : absl::OkStatus();
+}
+
+PoolId CachingAllocator::LastBlockOfOrphan(const StreamShard& shard) const {
+  const PoolState* pool = shard.pool;
+  if (pool == nullptr || !pool->orphaned.load(std::memory_order_acquire) ||
+      pool->live_blocks.load(std::memory_order_relaxed) != 0) {
+    return kDefaultPool;
+  }
+  return pool->id;
 }
 
 void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {

@@ -112,7 +112,7 @@ class CachingAllocator {
   absl::StatusOr<GraphPin> PinForGraph(const PrivatePool& pool);
   // The exact layout of every segment of `pool`. FailedPrecondition while blocks of the pool wait on
   // stream events or deferred frees, or are being changed by another thread.
-  absl::StatusOr<PoolCheckpoint> Checkpoint(const PrivatePool& pool) const;
+  absl::StatusOr<PoolCheckpoint> Checkpoint(const PrivatePool& pool);
   // Rebuilds the checkpoint's layout in `pool` (pool_checkpoint.h says what the result means). Segments
   // created since stay in the pool, free. InvalidArgument for a checkpoint of another pool or allocator;
   // FailedPrecondition when the pool has pending events or deferred frees, or a segment of the checkpoint
@@ -124,13 +124,20 @@ class CachingAllocator {
   Driver& driver() const { return *driver_; }
 
  private:
-  static constexpr std::size_t kMaxStreams = 1024;
+  friend class PrivatePool;
+  friend class PoolRoute;
+  friend class GraphPin;
+  // (pool, stream) pairs served at once; shards of released pools are reused.
+  static constexpr std::size_t kMaxShards = 4096;
 
   CachingAllocator(std::shared_ptr<Driver> driver, Config config);
 
   // ---- Shards (caching_allocator.cc). ----
-  // The shard of `stream`, created on first use; nullptr past kMaxStreams streams.
-  StreamShard* ShardFor(Stream stream);
+  // The shard of (`pool`, `stream`), created on first use; nullptr past kMaxShards or when the pool is
+  // gone.
+  StreamShard* ShardFor(PoolId pool, Stream stream);
+  // The existing shard of (`pool`, `stream`) or nullptr; never creates one.
+  StreamShard* FindShard(PoolId pool, Stream stream) const;
   // Runs f(shard) on each shard in creation order (the lock order), without locking it.
   template <typename F>
   void ForEachShard(F f) const {
@@ -162,14 +169,29 @@ class CachingAllocator {
   void UpdateAllocationStats(StreamShard& shard, const Block* block, bool small, int sign)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   absl::Status FreeLocked(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // The id of the shard's pool when that pool waits only for its last live block to go (now gone), else
+  // kDefaultPool: the caller then releases it (MaybeReleasePool) with the lock dropped.
+  PoolId LastBlockOfOrphan(const StreamShard& shard) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
   // ---- Slow path (allocation_slow_path.cc). ----
   absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, std::size_t size, std::size_t requested);
+  // A new segment (or expandable growth) for the shard's pool kind, serving `size`; 0 when there is no room.
+  absl::StatusOr<DevicePtr> NewSegmentFor(StreamShard& shard, std::size_t size, std::size_t requested);
+  // The slow path while a capture route is open (see BeginAllocateToPool).
+  absl::StatusOr<DevicePtr> AllocateDuringCapture(StreamShard& shard, std::size_t size,
+                                                  std::size_t requested);
+  void AccountPoolReserved(const Segment* segment, std::int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   // Allocates a new segment for `size` and hands out its first block; 0 when the device or the memory
   // limit has no room; an error for any other driver failure.
   absl::StatusOr<DevicePtr> AllocateSegment(StreamShard& shard, std::size_t size, std::size_t requested);
   // Frees unsplit cached segments (all of them, or just enough oversize ones); returns bytes freed.
-  absl::StatusOr<std::size_t> ReleaseCachedSegments(bool only_oversize, std::size_t wanted);
+  // `scope` kDefaultPool: the default pool and private pools without users or pins; a private pool's id:
+  // that pool only, unless pinned by a graph.
+  absl::StatusOr<std::size_t> ReleaseCachedSegments(bool only_oversize, std::size_t wanted,
+                                                    PoolId scope = kDefaultPool);
+  // Whether the release paths of `scope` may return memory of `shard` to the device.
+  bool Releasable(const StreamShard* shard, PoolId scope) const;
   absl::Status ReleaseSegments(std::vector<Segment*> segments);
   void LinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   void UnlinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
@@ -188,7 +210,7 @@ class CachingAllocator {
   absl::Status CreateExpandableSegment(StreamShard& shard, bool small);
   // Unmaps every chunk wholly covered by free blocks, releases every cached handle and every expandable
   // segment left wholly unmapped; returns the bytes unmapped.
-  absl::StatusOr<std::size_t> ReleaseExpandableMemory();
+  absl::StatusOr<std::size_t> ReleaseExpandableMemory(PoolId scope = kDefaultPool);
   // Releases every cached physical handle to the device.
   absl::Status ReleaseCachedHandles();
   // Splits `b` at `at`: `b` keeps [ptr, at), the returned new block gets [at, end) with b's state.
@@ -208,6 +230,29 @@ class CachingAllocator {
   absl::Status CheckExpandableInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   absl::Status OutOfMemory(std::size_t size, Stream stream);
 
+  // ---- Private pools (pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
+  struct OpenRoute {
+    std::uint64_t id = 0;
+    PoolId pool = kDefaultPool;
+    PoolRouteFilter filter;
+  };
+  // The pool an allocation on `stream` by this thread goes to (the innermost matching route).
+  PoolId RoutedPool(Stream stream);
+  absl::Status AddPoolUser(PoolId id);
+  void DropPoolUser(PoolId id);
+  void DropPin(PoolId id);
+  absl::Status EndRoute(std::uint64_t route_id);
+  // Frees deferred during captures record their events, once no capture route is open.
+  absl::Status RunDeferredFrees();
+  // Returns every byte of a pool without users or pins once it has no live block, and forgets it.
+  absl::Status MaybeReleasePool(PoolId id);
+  // A default-pool allocation that failed tries the cached free blocks of use_on_oom pools.
+  DevicePtr AllocateFromOomPools(Stream stream, std::size_t size, std::size_t requested);
+  // Locks every shard of `pool` (in the lock order); returns them.
+  std::vector<StreamShard*> LockPoolShards(PoolId pool) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  absl::Status CheckPoolQuiet(const std::vector<StreamShard*>& shards) const;
+  absl::Status CheckPoolInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
+
   // ---- Stream events (stream_events.cc). ----
   absl::Status FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block);
   void ProcessEvents(StreamShard& shard);
@@ -226,7 +271,7 @@ class CachingAllocator {
   mutable HistoryRing history_;
 
   // Shards: appended under device_mu_, never removed before destruction, read without a lock.
-  std::array<std::atomic<StreamShard*>, kMaxStreams> shards_{};
+  std::array<std::atomic<StreamShard*>, kMaxShards> shards_{};
   std::atomic<std::size_t> shard_count_{0};
 
   // Device-wide state, touched only on the slow path. Lock order: shards (in creation order), then this.
@@ -242,6 +287,19 @@ class CachingAllocator {
   HandleCache handle_cache_ ABSL_GUARDED_BY(device_mu_);
   std::size_t growth_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;
   std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);
+
+  // Private pools, and the shards of released ones waiting for reuse.
+  absl::btree_map<PoolId, std::unique_ptr<PoolState>> pools_ ABSL_GUARDED_BY(device_mu_);
+  PoolId next_pool_id_ ABSL_GUARDED_BY(device_mu_) = 1;
+  std::vector<StreamShard*> retired_shards_ ABSL_GUARDED_BY(device_mu_);
+  // Open routes (innermost last) and frees deferred until no capture route is open. A leaf lock: nothing
+  // else is locked while it is held, except shard locks taken before it.
+  mutable Mutex routes_mu_;
+  std::vector<OpenRoute> routes_ ABSL_GUARDED_BY(routes_mu_);
+  std::uint64_t next_route_id_ ABSL_GUARDED_BY(routes_mu_) = 1;
+  std::vector<std::pair<StreamShard*, Block*>> deferred_frees_ ABSL_GUARDED_BY(routes_mu_);
+  std::atomic<int> open_routes_{0};
+  std::atomic<int> captures_underway_{0};  // open capture routes
 };
 
 }  // namespace graphalloc

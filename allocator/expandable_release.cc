@@ -8,7 +8,8 @@
 
 namespace graphalloc {
 
-absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId scope)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
   struct Job {
     StreamShard* shard;
     Block* block;  // in flight, tiled exactly by `chunks`
@@ -20,6 +21,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory() ABSL_NO_
   std::vector<ChunkPlacement> cached;
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   ForEachShard([&](StreamShard* shard) {
+    if (!Releasable(shard, scope)) return;
     FlushQuickCache(*shard);
     for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
       std::vector<Block*> candidates;
@@ -78,6 +80,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory() ABSL_NO_
   for (const auto& [base, segment] : segments_) {
     const Block* head = segment->head;
     if (segment->vmm == nullptr || head->next != nullptr || head->mapped || head->in_flight) continue;
+    if (!Releasable(segment->shard, scope)) continue;
     empty.push_back(segment);
   }
   for (Segment* segment : empty) {

@@ -313,7 +313,8 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
       }
       shard_status = CompareArrays(scope, shard->stats, e.stats, /*block_stats=*/true);
     });
-    return shard_status;
+    if (!shard_status.ok()) return shard_status;
+    return CheckPoolInvariants();
   }();
   device_mu_.Unlock();
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });

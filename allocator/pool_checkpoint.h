@@ -36,7 +36,7 @@ struct CheckpointSegment {
 
 struct PoolCheckpoint {
   PoolId pool = kDefaultPool;
-  std::uint64_t allocator_id = 0;      // which allocator took it
+  std::uint64_t allocator_id = 0;           // which allocator took it
   std::vector<CheckpointSegment> segments;  // in address order
 };
 

@@ -1,5 +1,6 @@
-// Everything the allocator keeps for one stream: its free blocks, its allocated blocks, its statistics
-// and the stream events its freed blocks wait on, under one lock.
+// Everything the allocator keeps for one stream of one memory pool (the default pool or a private pool):
+// its free blocks, its allocated blocks, its statistics and the stream events its freed blocks wait on,
+// under one lock.
 //
 // Blocks are reused only by the stream they were allocated on, so streams share nothing on the hot path:
 // threads working on different streams never touch the same lock or cache line.
@@ -16,6 +17,7 @@
 #include "allocator/block_pool.h"
 #include "allocator/mutex.h"
 #include "allocator/pointer_map.h"
+#include "allocator/pool_state.h"
 #include "allocator/quick_cache.h"
 #include "allocator/size_policy.h"
 #include "allocator/stats.h"
@@ -30,16 +32,26 @@ struct PendingEvent {
 };
 
 struct alignas(64) StreamShard {
-  explicit StreamShard(Stream s) : stream(s) {}
+  StreamShard(Stream s, PoolState* p)
+      : key_pool(p != nullptr ? p->id : kDefaultPool), key_stream(s), stream(s), pool(p) {}
 
   BlockPool& PoolFor(std::size_t rounded) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return IsSmall(rounded) ? small_pool : large_pool;
   }
 
-  const Stream stream;
+  // Identity, read without a lock by the allocator's shard lookup. It changes only when the shard of a
+  // released private pool is reused for another (pool, stream), with no block left in it; `generation`
+  // counts those changes so that cached lookups can tell.
+  std::atomic<PoolId> key_pool;
+  std::atomic<Stream> key_stream;
+  std::atomic<std::uint64_t> generation{0};
+  // The same identity for code that holds the lock (or owns a block of the shard).
+  Stream stream;
+  PoolState* pool;  // nullptr: the default pool
+
   mutable SpinLock mu;
-  BlockPool small_pool ABSL_GUARDED_BY(mu){true, nullptr};
-  BlockPool large_pool ABSL_GUARDED_BY(mu){false, nullptr};
+  BlockPool small_pool ABSL_GUARDED_BY(mu){true};
+  BlockPool large_pool ABSL_GUARDED_BY(mu){false};
   QuickCache quick ABSL_GUARDED_BY(mu);
   BlockArena arena ABSL_GUARDED_BY(mu);
   PointerMap allocated ABSL_GUARDED_BY(mu);

@@ -523,6 +523,22 @@ absl::StatusOr<Graph> CudaDriver::EndCapture(Stream stream) {
   return Graph{reinterpret_cast<std::uintptr_t>(graph)};
 }
 
+absl::StatusOr<CaptureMode> CudaDriver::ExchangeCaptureMode(CaptureMode mode) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  CUstreamCaptureMode cu_mode = mode == CaptureMode::kRelaxed       ? CU_STREAM_CAPTURE_MODE_RELAXED
+                                : mode == CaptureMode::kThreadLocal ? CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                                                                    : CU_STREAM_CAPTURE_MODE_GLOBAL;
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(ThreadExchangeStreamCaptureMode, &cu_mode);
+  switch (cu_mode) {
+    case CU_STREAM_CAPTURE_MODE_RELAXED:
+      return CaptureMode::kRelaxed;
+    case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL:
+      return CaptureMode::kThreadLocal;
+    default:
+      return CaptureMode::kGlobal;
+  }
+}
+
 absl::StatusOr<CaptureInfo> CudaDriver::GetCaptureInfo(Stream stream) {
   GRAPHALLOC_CUDA_CONTEXT();
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;

@@ -58,6 +58,7 @@ class CudaDriver final : public Driver {
   absl::Status BeginCapture(Stream stream, CaptureMode mode) override;
   absl::StatusOr<Graph> EndCapture(Stream stream) override;
   absl::StatusOr<CaptureInfo> GetCaptureInfo(Stream stream) override;
+  absl::StatusOr<CaptureMode> ExchangeCaptureMode(CaptureMode mode) override;
   absl::StatusOr<GraphExec> GraphInstantiate(Graph graph) override;
   absl::StatusOr<GraphUpdateResult> GraphExecUpdate(GraphExec exec, Graph graph) override;
   absl::Status GraphLaunch(GraphExec exec, Stream stream) override;

@@ -29,12 +29,14 @@ using DevicePtr = std::uintptr_t;
 enum class Stream : std::uintptr_t {};
 enum class Event : std::uintptr_t {};
 enum class PhysicalHandle : std::uint64_t {};  // CUmemGenericAllocationHandle
-enum class Graph : std::uintptr_t {};           // a captured graph (CUgraph)
-enum class GraphExec : std::uintptr_t {};       // an instantiated graph (CUgraphExec)
+enum class Graph : std::uintptr_t {};          // a captured graph (CUgraph)
+enum class GraphExec : std::uintptr_t {};      // an instantiated graph (CUgraphExec)
 
 inline constexpr Stream kDefaultStream = Stream{0};
 
-inline Stream StreamFromNative(const void* native) { return Stream{reinterpret_cast<std::uintptr_t>(native)}; }
+inline Stream StreamFromNative(const void* native) {
+  return Stream{reinterpret_cast<std::uintptr_t>(native)};
+}
 inline void* NativeFromStream(Stream s) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(s)); }
 
 // Stream capture modes, as cudaStreamCaptureMode / CUstreamCaptureMode.
@@ -130,6 +132,10 @@ class Driver {
   // leaves no graph behind).
   virtual absl::StatusOr<Graph> EndCapture(Stream stream) = 0;
   virtual absl::StatusOr<CaptureInfo> GetCaptureInfo(Stream stream) = 0;
+  // Sets the calling thread's capture mode (cuThreadExchangeStreamCaptureMode) and returns the previous
+  // one. A thread in relaxed mode may make calls that a capture would refuse (allocating memory: CUDA 13
+  // refuses cuMemAlloc in a global-mode capture); the default is global.
+  virtual absl::StatusOr<CaptureMode> ExchangeCaptureMode(CaptureMode mode) = 0;
 
   // ---- Graphs. ----
   virtual absl::StatusOr<GraphExec> GraphInstantiate(Graph graph) = 0;

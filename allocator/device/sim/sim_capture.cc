@@ -19,6 +19,9 @@
 namespace graphalloc {
 namespace {
 
+// The calling thread's capture mode (ExchangeCaptureMode), per thread as CUDA keeps it.
+thread_local CaptureMode thread_capture_mode = CaptureMode::kGlobal;
+
 void MergeClock(absl::flat_hash_map<std::uint64_t, std::uint64_t>& into,
                 const absl::flat_hash_map<std::uint64_t, std::uint64_t>& from) {
   for (const auto& [stream, n] : from) {
@@ -34,9 +37,14 @@ void SimState::Invalidate(SimCapture& capture) { capture.status = CaptureStatus:
 absl::Status SimState::RefuseDuringCapture(absl::string_view name, Unsafe what) {
   const std::thread::id me = std::this_thread::get_id();
   bool refused = false;
+  const CaptureMode mine = thread_capture_mode;
+  if (what == Unsafe::kGlobalOnly && mine == CaptureMode::kRelaxed) return absl::OkStatus();
   for (const auto& [id, c] : captures) {
-    const bool forbids = what == Unsafe::kAnyCapture || c->mode == CaptureMode::kGlobal ||
-                         (c->mode == CaptureMode::kThreadLocal && c->thread == me);
+    // A global-mode thread is bound by every global capture and its own thread-local ones; a
+    // thread-local-mode thread only by its own captures.
+    const bool own = c->thread == me && c->mode != CaptureMode::kRelaxed;
+    const bool forbids = what == Unsafe::kAnyCapture || own ||
+                         (mine == CaptureMode::kGlobal && c->mode == CaptureMode::kGlobal);
     if (forbids) {
       Invalidate(*c);
       refused = true;
@@ -142,6 +150,12 @@ absl::StatusOr<Graph> SimDriver::EndCapture(Stream stream) {
   const std::uint64_t id = s.next_id++;
   s.graphs.emplace(id, SimGraphState{.nodes = std::move(ended->nodes)});
   return Graph{id};
+}
+
+absl::StatusOr<CaptureMode> SimDriver::ExchangeCaptureMode(CaptureMode mode) {
+  const CaptureMode previous = thread_capture_mode;
+  thread_capture_mode = mode;
+  return previous;
 }
 
 absl::StatusOr<CaptureInfo> SimDriver::GetCaptureInfo(Stream stream) {

@@ -1,0 +1,156 @@
+// Private pools: routing allocations to them (by stream, capture or thread), capture mode, frees
+// deferred until captures end, and use_on_oom.
+#include <algorithm>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_format.h"
+#include "allocator/caching_allocator.h"
+
+namespace graphalloc {
+
+PoolRoute::PoolRoute(PoolRoute&& other) noexcept
+    : allocator_(other.allocator_), route_id_(other.route_id_), pool_(other.pool_) {
+  other.allocator_ = nullptr;
+}
+
+PoolRoute& PoolRoute::operator=(PoolRoute&& other) noexcept {
+  if (this != &other) {
+    (void)End();
+    allocator_ = other.allocator_;
+    route_id_ = other.route_id_;
+    pool_ = other.pool_;
+    other.allocator_ = nullptr;
+  }
+  return *this;
+}
+
+absl::Status PoolRoute::End() {
+  if (allocator_ == nullptr) return absl::OkStatus();
+  CachingAllocator* allocator = allocator_;
+  allocator_ = nullptr;
+  return allocator->EndRoute(route_id_);
+}
+
+absl::StatusOr<PoolRoute> CachingAllocator::BeginAllocateToPool(const PrivatePool& pool,
+                                                                PoolRouteFilter filter) {
+  if (pool.allocator() != this) {
+    return absl::InvalidArgumentError(
+        "BeginAllocateToPool: the pool handle is empty or belongs to another allocator");
+  }
+  if (filter.kind == PoolRouteFilter::Kind::kCapture) {
+    absl::StatusOr<CaptureInfo> info = driver_->GetCaptureInfo(filter.stream);
+    if (!info.ok()) return info.status();
+    if (info->status != CaptureStatus::kActive) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "BeginAllocateToPool: stream 0x%x is not capturing; begin the capture first, then route it",
+          static_cast<std::uintptr_t>(filter.stream)));
+    }
+    filter.capture_id = info->id;
+  }
+  if (absl::Status s = AddPoolUser(pool.id()); !s.ok()) return s;
+  MutexLock lock(&routes_mu_);
+  const std::uint64_t id = next_route_id_++;
+  routes_.push_back(OpenRoute{id, pool.id(), filter});
+  open_routes_.fetch_add(1, std::memory_order_release);
+  if (filter.kind == PoolRouteFilter::Kind::kCapture)
+    captures_underway_.fetch_add(1, std::memory_order_release);
+  return PoolRoute(this, id, pool.id());
+}
+
+absl::Status CachingAllocator::EndRoute(std::uint64_t route_id) {
+  PoolId pool = kDefaultPool;
+  bool captures_over = false;
+  {
+    MutexLock lock(&routes_mu_);
+    auto it =
+        std::find_if(routes_.begin(), routes_.end(), [&](const OpenRoute& r) { return r.id == route_id; });
+    if (it == routes_.end()) return absl::OkStatus();
+    pool = it->pool;
+    if (it->filter.kind == PoolRouteFilter::Kind::kCapture) {
+      captures_over = captures_underway_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+    }
+    routes_.erase(it);
+    open_routes_.fetch_sub(1, std::memory_order_release);
+  }
+  absl::Status status;
+  if (captures_over) status = RunDeferredFrees();
+  DropPoolUser(pool);
+  return status;
+}
+
+absl::Status CachingAllocator::RunDeferredFrees() {
+  std::vector<std::pair<StreamShard*, Block*>> frees;
+  {
+    MutexLock lock(&routes_mu_);
+    if (captures_underway_.load(std::memory_order_relaxed) > 0) return absl::OkStatus();
+    frees.swap(deferred_frees_);
+  }
+  absl::Status first_error;
+  for (auto& [shard, block] : frees) {
+    absl::Status s = FreeWithStreamUses(*shard, block->ptr, block);
+    if (s.ok()) continue;
+    // The block stays allocated (FreeWithStreamUses' guarantee); its owner already let go of it, so it
+    // waits for the next attempt rather than leaking.
+    if (first_error.ok()) first_error = s;
+    SpinLockHolder shard_lock(&shard->mu);
+    block->freeing = true;
+    MutexLock lock(&routes_mu_);
+    deferred_frees_.emplace_back(shard, block);
+  }
+  return first_error;
+}
+
+PoolId CachingAllocator::RoutedPool(Stream stream) {
+  absl::InlinedVector<OpenRoute, 4> routes;
+  {
+    MutexLock lock(&routes_mu_);
+    routes.assign(routes_.begin(), routes_.end());
+  }
+  const std::thread::id me = std::this_thread::get_id();
+  std::uint64_t capture_id = 0;
+  bool capture_known = false;
+  for (auto it = routes.rbegin(); it != routes.rend(); ++it) {
+    switch (it->filter.kind) {
+      case PoolRouteFilter::Kind::kThread:
+        if (it->filter.thread == me) return it->pool;
+        break;
+      case PoolRouteFilter::Kind::kStream:
+        if (it->filter.stream == stream) return it->pool;
+        break;
+      case PoolRouteFilter::Kind::kCapture:
+        if (!capture_known) {
+          // No lock is held here: the driver call may take its own.
+          absl::StatusOr<CaptureInfo> info = driver_->GetCaptureInfo(stream);
+          capture_id = info.ok() && info->status != CaptureStatus::kNone ? info->id : 0;
+          capture_known = true;
+        }
+        if (capture_id != 0 && capture_id == it->filter.capture_id) return it->pool;
+        break;
+    }
+  }
+  return kDefaultPool;
+}
+
+DevicePtr CachingAllocator::AllocateFromOomPools(Stream stream, std::size_t size, std::size_t requested) {
+  std::vector<PoolId> candidates;
+  {
+    MutexLock lock(&device_mu_);
+    for (const auto& [id, pool] : pools_) {
+      if (pool->options.use_on_oom && !pool->orphaned.load(std::memory_order_relaxed))
+        candidates.push_back(id);
+    }
+  }
+  for (PoolId id : candidates) {
+    StreamShard* shard = FindShard(id, stream);
+    if (shard == nullptr) continue;
+    SpinLockHolder lock(&shard->mu);
+    if (shard->pool == nullptr || shard->pool->id != id) continue;  // released meanwhile
+    FlushQuickCache(*shard);
+    BlockPool& pool = shard->PoolFor(size);
+    if (Block* block = TakeFreeBlock(*shard, pool, size))
+      return FinishAllocation(*shard, pool, block, size, requested);
+  }
+  return 0;
+}
+
+}  // namespace graphalloc

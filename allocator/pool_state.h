@@ -1,0 +1,46 @@
+// The allocator's record of one private pool (private_pool.h is the user's side): options, users, pins,
+// and the pool-wide figures that its per-stream shards add to.
+#ifndef GRAPHALLOC_ALLOCATOR_POOL_STATE_H_
+#define GRAPHALLOC_ALLOCATOR_POOL_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "allocator/private_pool.h"
+
+namespace graphalloc {
+
+// Retired shards (of released pools) carry this id, which no pool has.
+inline constexpr PoolId kRetiredPool = ~PoolId{0};
+
+struct PoolState {
+  PoolState(PoolId i, PoolOptions o) : id(i), options(o) {}
+
+  // Counts bytes allocated (+) or freed (-) in the pool's blocks; called with the block's shard locked.
+  void AddAllocated(std::int64_t bytes, std::int64_t blocks) {
+    const std::int64_t now = allocated_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    live_blocks.fetch_add(blocks, std::memory_order_relaxed);
+    std::int64_t peak = peak_allocated_bytes.load(std::memory_order_relaxed);
+    while (now > peak && !peak_allocated_bytes.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  const PoolId id;
+  const PoolOptions options;
+  // Users (PrivatePool handles and open routes) and GraphPins. Read without the allocator's lock by the
+  // release paths: a pool only gains users from someone who already holds one.
+  std::atomic<int> users{0};
+  std::atomic<int> pins{0};
+  std::atomic<std::int64_t> allocated_bytes{0};
+  std::atomic<std::int64_t> peak_allocated_bytes{0};
+  std::atomic<std::int64_t> live_blocks{0};
+  // Guarded by the allocator's device_mu_ (as the pool's segments are).
+  std::int64_t reserved_bytes = 0;
+  std::int64_t peak_reserved_bytes = 0;
+  // No users or pins left: the pool goes as soon as its last live block does.
+  std::atomic<bool> orphaned{false};
+};
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_ALLOCATOR_POOL_STATE_H_
