@@ -71,6 +71,11 @@ absl::StatusOr<FunctionId> GraphTree::Register(TreeFunction function, FunctionOp
     return absl::InvalidArgumentError(
         absl::StrFormat("GraphTree::Register: warmup_calls must be >= 0, got %d", options.warmup_calls));
   }
+  for (std::size_t i = 0; i < options.generators.size(); ++i) {
+    if (options.generators[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("GraphTree::Register: generator %d is null", i));
+    }
+  }
   const auto id = static_cast<FunctionId>(functions_.size());
   if (options.name.empty()) options.name = absl::StrCat("function ", id);
   Function fn;
@@ -234,6 +239,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Replay(TreeNode& node, std::s
   }
   absl::StatusOr<GraphExec> exec = node.site->executables.Acquire(node.exec, node.graph);
   if (!exec.ok()) return exec.status();
+  if (absl::Status s = PrepareRngReplay(node, stream); !s.ok()) return s;
   if (absl::Status s = driver_.GraphLaunch(*exec, stream); !s.ok()) return s;
   launched_ = true;
   ++node.replays;

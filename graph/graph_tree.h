@@ -51,6 +51,8 @@
 
 namespace graphalloc {
 
+class Generator;  // rng/generator.h
+
 enum class TreeLogLevel { kInfo, kWarning };
 // Where the tree's messages go: the eager-fallback warning (once per call site) and informational lines.
 using TreeLogSink = std::function<void(TreeLogLevel level, std::string_view message)>;
@@ -84,6 +86,12 @@ struct FunctionOptions {
   std::vector<std::size_t> static_inputs;  // indices of the static inputs
   int warmup_calls = 1;                    // eager calls (in the pool) before the first recording
   bool clone_outputs = false;              // hand out owned copies that outlive the step
+  // Random generators the function draws from (rng/generator.h). A graph must not bake a (seed, offset)
+  // in, so each recording captures their state (its own device slots) and every launch of it is preceded
+  // by the generator's PrepareReplay on the launch stream: a sequence of calls draws exactly what the same
+  // sequence of eager calls would, whether each call warms up, records, replays or runs eagerly. They
+  // must outlive the tree, and must not be in another capture while the tree records.
+  std::vector<Generator*> generators;
 };
 
 class GraphTree {
@@ -170,6 +178,8 @@ class GraphTree {
   // Frees the blocks of warmup calls on the path: the dead ones, or all (`all`) at the end of a step.
   void FreeWarmupBlocks(bool all);
   absl::Status JoinTreeToCaller(Stream caller);
+  // Publishes the generators' current (seed, offset) to `node`'s slots on `stream`, before a launch.
+  absl::Status PrepareRngReplay(const TreeNode& node, Stream stream);
   absl::Status JoinCallerToTree(Stream caller);
 
   CachingAllocator& allocator_;

@@ -23,6 +23,7 @@
 #include "graph/recording_key.h"
 #include "graph/site_executables.h"
 #include "graph/tree_output.h"
+#include "rng/generator.h"
 
 namespace graphalloc {
 
@@ -68,6 +69,9 @@ struct TreeNode {
 
   OwnedGraph graph;
   ExecHolder exec;
+  // One per generator of the function (FunctionOptions::generators), in that order: what the recording
+  // draws and the slots its kernels read the base from at replay.
+  std::vector<CapturedRng> rng;
   // The pool right after recording (its outputs allocated), restored before recording a child.
   PoolCheckpoint checkpoint;
   // Path outputs (this node's included) allocated in `checkpoint`: freed after a restore once dead.

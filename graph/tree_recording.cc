@@ -5,15 +5,21 @@
 // pool is restored to the checkpoint of the node the step is at (the empty pool for a root), and the
 // outputs that were live in that checkpoint but have died since are freed, for the new work to reuse.
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "graph/graph_tree.h"
+#include "rng/generator.h"
 
 namespace graphalloc {
 namespace {
+
+// Generator capture ids tag capture-relative generator states; unique in the process, so a state saved
+// during one recording can never be restored during another (of this tree or any other).
+std::atomic<std::uint64_t> next_rng_capture_id{1};
 
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
@@ -40,6 +46,17 @@ absl::Status GraphTree::JoinTreeToCaller(Stream caller) {
 absl::Status GraphTree::JoinCallerToTree(Stream caller) {
   if (absl::Status s = driver_.EventRecord(tree_done_, stream_); !s.ok()) return s;
   return driver_.StreamWaitEvent(caller, tree_done_);
+}
+
+absl::Status GraphTree::PrepareRngReplay(const TreeNode& node, Stream stream) {
+  const std::vector<Generator*>& generators = functions_[node.function].options.generators;
+  for (std::size_t i = 0; i < node.rng.size(); ++i) {
+    if (absl::Status s = generators[i]->PrepareReplay(node.rng[i], stream); !s.ok()) {
+      return Annotate(s,
+                      absl::StrFormat("graph tree: preparing generator %d for a launch of node %d", i, node.id));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status GraphTree::PreparePoolFor(const TreeNode* parent) {
@@ -265,6 +282,20 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
     if (absl::Status s = route->End(); !s.ok()) return fail(s);
   }
 
+  // The generators' captures begin before the stream capture (each allocates its replay slots, which a
+  // capture forbids) and end right after it, whatever happened, so no generator stays in capture mode.
+  const std::uint64_t rng_capture_id = next_rng_capture_id.fetch_add(1, std::memory_order_relaxed);
+  std::size_t rng_begun = 0;
+  auto cancel_rng = [&] {
+    for (std::size_t i = 0; i < rng_begun; ++i) (void)fn.options.generators[i]->CancelCapture();
+  };
+  for (Generator* generator : fn.options.generators) {
+    if (absl::Status s = generator->BeginCapture(rng_capture_id); !s.ok()) {
+      cancel_rng();
+      return fail(s);
+    }
+    ++rng_begun;
+  }
   std::vector<BufferView> produced;
   absl::StatusOr<OwnedGraph> graph = CaptureIntoPool(
       allocator_, pool_, stream_,
@@ -275,7 +306,18 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
         return absl::OkStatus();
       },
       options_.capture);
-  if (!graph.ok()) return fail(graph.status());
+  if (!graph.ok()) {
+    cancel_rng();
+    return fail(graph.status());
+  }
+  for (std::size_t i = 0; i < rng_begun; ++i) {
+    absl::StatusOr<CapturedRng> captured = fn.options.generators[i]->EndCapture();
+    if (!captured.ok()) {
+      for (std::size_t k = i + 1; k < rng_begun; ++k) (void)fn.options.generators[k]->CancelCapture();
+      return fail(captured.status());
+    }
+    node->rng.push_back(std::move(*captured));
+  }
   node->graph = std::move(*graph);
   absl::StatusOr<std::vector<OutputSpec>> specs = ClassifyOutputs(fn, inputs, scratch_views_, produced);
   if (!specs.ok()) return fail(specs.status());
@@ -299,6 +341,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
     if (!pin.ok()) return fail(pin.status());
     pin_ = std::move(*pin);
   }
+  if (absl::Status s = PrepareRngReplay(*node, stream_); !s.ok()) return fail(s);
   if (absl::Status s = driver_.GraphLaunch(*exec, stream_); !s.ok()) return fail(s);
   launched_ = true;
   if (absl::Status s = JoinCallerToTree(stream); !s.ok()) return fail(s);
