@@ -91,7 +91,7 @@ struct FunctionOptions {
   // by the generator's PrepareReplay on the launch stream: a sequence of calls draws exactly what the same
   // sequence of eager calls would, whether each call warms up, records, replays or runs eagerly. They
   // must outlive the tree, and must not be in another capture while the tree records.
-  std::vector<Generator*> generators;
+  std::vector<Generator*> generators = {};
 };
 
 class GraphTree {

@@ -98,10 +98,10 @@ struct GraphedStepOptions {
   std::size_t max_outstanding_forwards = 4;
   // Random ops' generator pairs, or null when the functions draw nothing. Shared so the caller can look
   // at them; it must not be used by anything else while the step lives.
-  std::shared_ptr<RngStatePairs> rng;
+  std::shared_ptr<RngStatePairs> rng = nullptr;
   // For each lane's tree: its log sink and re-record limit (implicit_steps is always off: the step
   // begins a lane's steps itself).
-  TreeOptions tree;
+  TreeOptions tree = {};
 };
 
 struct BackwardOptions {
