@@ -1,7 +1,7 @@
 // Graph tree benchmarks (Google Benchmark; --benchmark_format=json or --benchmark_out=FILE for JSON), on
 // the simulated device and, when there is one, the GPU. The workload is a function of 100 tiny kernels
 // (a scale, then 99 adds) over 16 static inputs of 256 floats, returning one output:
-//   graph_tree/replay_host/<dev>       host time of GraphTree::Call replaying it (outputs dropped inside)
+//   graph_tree/replay_host/<dev>/kernels:N   host time of GraphTree::Call replaying it (outputs dropped inside)
 //   graph_tree/raw_launch_host/<dev>   host time of one GraphLaunch of the same captured graph
 //   graph_tree/eager_host/<dev>        host time of running the function eagerly (100 launches, alloc, free)
 //   graph_tree/{replay,raw_launch,eager}_wall/<dev>   the same, synchronized every call (real time)
@@ -33,7 +33,7 @@ using Clock = std::chrono::steady_clock;
 using testing::AddF32;
 using testing::ScaleF32;
 
-constexpr int kKernels = 100;
+constexpr int kKernels = 100;  // the workload; the replay/launch/eager benchmarks also run with 1 (range(0))
 constexpr int kInputs = 16;
 constexpr std::size_t kElems = 256;
 constexpr std::size_t kBufBytes = kElems * sizeof(float);
@@ -45,7 +45,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // The 16 input buffers, the spare addresses the re-record benchmarks move input 1 to, and the function.
 class Workload {
  public:
-  explicit Workload(BenchDevice& dev) : dev_(dev) {
+  explicit Workload(BenchDevice& dev, int kernels = kKernels) : dev_(dev), kernels_(kernels) {
     for (int i = 0; i < kInputs + kRerecords; ++i) {
       absl::StatusOr<DevicePtr> p = dev.allocator->Allocate(kBufBytes, dev.stream);
       if (!p.ok()) {
@@ -77,11 +77,13 @@ class Workload {
   TreeFunction Body() const {
     Driver* driver = dev_.driver.get();
     CachingAllocator* allocator = dev_.allocator.get();
-    return [driver, allocator](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
+    const int kernels = kernels_;
+    return [driver, allocator, kernels](std::span<const BufferView> in,
+                                        Stream s) -> absl::StatusOr<std::vector<BufferView>> {
       absl::StatusOr<DevicePtr> y = allocator->Allocate(kBufBytes, s);
       if (!y.ok()) return y.status();
       if (absl::Status st = ScaleF32(*driver, s, *y, in[0].ptr, kElems, 0.5f); !st.ok()) return st;
-      for (int k = 1; k < kKernels; ++k) {
+      for (int k = 1; k < kernels; ++k) {
         if (absl::Status st = AddF32(*driver, s, *y, *y, in[k % kInputs].ptr, kElems); !st.ok()) return st;
       }
       return std::vector<BufferView>{{*y, kBufBytes}};
@@ -90,6 +92,7 @@ class Workload {
 
  private:
   BenchDevice& dev_;
+  const int kernels_;
   std::vector<DevicePtr> buffers_;
   std::string error_;
 };
@@ -119,7 +122,7 @@ std::vector<std::size_t> AllStatic() {
 
 // GraphTree::Call replaying the workload; `wall`: synchronized every call, real time.
 void TreeReplay(benchmark::State& state, BenchDevice* dev, bool wall) {
-  Workload w(*dev);
+  Workload w(*dev, static_cast<int>(state.range(0)));
   std::string error = w.error();
   std::unique_ptr<GraphTree> tree = error.empty() ? MakeBenchTree(*dev, 2, &error) : nullptr;
   absl::StatusOr<FunctionId> f = absl::InternalError(error);
@@ -152,14 +155,14 @@ void TreeReplay(benchmark::State& state, BenchDevice* dev, bool wall) {
     if (!wall && ++n % kSyncEvery == 0) (void)dev->driver->StreamSynchronize(dev->stream);
   }
   (void)dev->driver->StreamSynchronize(dev->stream);
-  state.counters["kernels"] = kKernels;
+  state.counters["kernels"] = static_cast<double>(state.range(0));
   state.counters["inputs"] = kInputs;
   state.counters["recordings"] = static_cast<double>(tree->Dump().counters.recordings);
 }
 
 // GraphLaunch of the workload captured once (what the tree replays, without the tree).
 void RawLaunch(benchmark::State& state, BenchDevice* dev, bool wall) {
-  Workload w(*dev);
+  Workload w(*dev, static_cast<int>(state.range(0)));
   absl::StatusOr<PrivatePool> pool = dev->allocator->CreatePool();
   if (!w.error().empty() || !pool.ok()) {
     state.SkipWithError(w.error().empty() ? pool.status().ToString().c_str() : w.error().c_str());
@@ -194,12 +197,12 @@ void RawLaunch(benchmark::State& state, BenchDevice* dev, bool wall) {
   }
   (void)dev->driver->StreamSynchronize(dev->stream);
   for (const BufferView& b : outputs) (void)dev->allocator->Free(b.ptr);
-  state.counters["kernels"] = kKernels;
+  state.counters["kernels"] = static_cast<double>(state.range(0));
 }
 
 // The function run eagerly: 100 launches, its output allocated and freed.
 void Eager(benchmark::State& state, BenchDevice* dev, bool wall) {
-  Workload w(*dev);
+  Workload w(*dev, static_cast<int>(state.range(0)));
   if (!w.error().empty()) {
     state.SkipWithError(w.error().c_str());
     return;
@@ -220,7 +223,7 @@ void Eager(benchmark::State& state, BenchDevice* dev, bool wall) {
     if (!wall && ++n % kSyncEvery == 0) (void)dev->driver->StreamSynchronize(dev->stream);
   }
   (void)dev->driver->StreamSynchronize(dev->stream);
-  state.counters["kernels"] = kKernels;
+  state.counters["kernels"] = static_cast<double>(state.range(0));
 }
 
 // One call per iteration whose static input 1 moved to a new address: a re-record every time, its
@@ -320,17 +323,22 @@ void DriverUpdate(benchmark::State& state, BenchDevice* dev, bool update) {
 
 void Register(BenchDevice& dev) {
   const std::string d = dev.kind;
-  auto add = [&](const std::string& name, auto fn, bool flag) {
-    benchmark::RegisterBenchmark(absl::StrCat("graph_tree/", name, "/", d).c_str(), fn, &dev, flag)
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
+  // Replay, raw launch and eager run with the 100-kernel workload and with 1 kernel (which leaves the
+  // tree's own host time, on the simulated device too: there the kernels run on the calling thread).
+  auto add = [&](const std::string& name, auto fn, bool flag, bool one_kernel_too) {
+    auto* b = benchmark::RegisterBenchmark(absl::StrCat("graph_tree/", name, "/", d).c_str(), fn, &dev, flag)
+                  ->UseManualTime()
+                  ->Unit(benchmark::kMicrosecond)
+                  ->ArgName("kernels");
+    if (one_kernel_too) b->Arg(1);
+    b->Arg(kKernels);
   };
-  add("replay_host", TreeReplay, false);
-  add("raw_launch_host", RawLaunch, false);
-  add("eager_host", Eager, false);
-  add("replay_wall", TreeReplay, true);
-  add("raw_launch_wall", RawLaunch, true);
-  add("eager_wall", Eager, true);
+  add("replay_host", TreeReplay, false, true);
+  add("raw_launch_host", RawLaunch, false, true);
+  add("eager_host", Eager, false, true);
+  add("replay_wall", TreeReplay, true, true);
+  add("raw_launch_wall", RawLaunch, true, true);
+  add("eager_wall", Eager, true, true);
   for (const bool update : {true, false}) {
     benchmark::RegisterBenchmark(
         absl::StrCat("graph_tree/rerecord_", update ? "update" : "instantiate", "/", d).c_str(), Rerecord, &dev,
@@ -339,8 +347,8 @@ void Register(BenchDevice& dev) {
         ->Unit(benchmark::kMicrosecond)
         ->Iterations(kRerecords);
   }
-  add("driver_update", DriverUpdate, true);
-  add("driver_instantiate", DriverUpdate, false);
+  add("driver_update", DriverUpdate, true, false);
+  add("driver_instantiate", DriverUpdate, false, false);
 }
 
 }  // namespace
