@@ -15,33 +15,6 @@ absl::Status Annotate(const absl::Status& status, absl::string_view context) {
 
 }  // namespace
 
-OwnedGraph& OwnedGraph::operator=(OwnedGraph&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    driver_ = std::exchange(other.driver_, nullptr);
-    graph_ = other.graph_;
-  }
-  return *this;
-}
-
-void OwnedGraph::Reset() {
-  // Destroying a graph only fails for a handle the driver does not know, which this class never holds.
-  if (driver_ != nullptr) (void)std::exchange(driver_, nullptr)->GraphDestroy(graph_);
-}
-
-OwnedGraphExec& OwnedGraphExec::operator=(OwnedGraphExec&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    driver_ = std::exchange(other.driver_, nullptr);
-    exec_ = other.exec_;
-  }
-  return *this;
-}
-
-void OwnedGraphExec::Reset() {
-  if (driver_ != nullptr) (void)std::exchange(driver_, nullptr)->GraphExecDestroy(exec_);
-}
-
 absl::StatusOr<OwnedGraphExec> Instantiate(Driver& driver, const OwnedGraph& graph) {
   absl::StatusOr<GraphExec> exec = driver.GraphInstantiate(graph.get());
   if (!exec.ok()) return exec.status();

@@ -21,43 +21,39 @@
 
 namespace graphalloc {
 
-// A captured graph (Driver::Graph), destroyed with its owner.
-class OwnedGraph {
+// A driver handle destroyed with its owner: OwnedGraph (a captured graph) and OwnedGraphExec (an
+// instantiated one).
+template <typename Handle, absl::Status (Driver::*kDestroy)(Handle)>
+class OwnedDriverHandle {
  public:
-  OwnedGraph() = default;
-  OwnedGraph(Driver* driver, Graph graph) : driver_(driver), graph_(graph) {}
-  OwnedGraph(OwnedGraph&& other) noexcept
-      : driver_(std::exchange(other.driver_, nullptr)), graph_(other.graph_) {}
-  OwnedGraph& operator=(OwnedGraph&& other) noexcept;
-  ~OwnedGraph() { Reset(); }
+  OwnedDriverHandle() = default;
+  OwnedDriverHandle(Driver* driver, Handle handle) : driver_(driver), handle_(handle) {}
+  OwnedDriverHandle(OwnedDriverHandle&& other) noexcept
+      : driver_(std::exchange(other.driver_, nullptr)), handle_(other.handle_) {}
+  OwnedDriverHandle& operator=(OwnedDriverHandle&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      driver_ = std::exchange(other.driver_, nullptr);
+      handle_ = other.handle_;
+    }
+    return *this;
+  }
+  ~OwnedDriverHandle() { Reset(); }
 
-  Graph get() const { return graph_; }
+  Handle get() const { return handle_; }
   explicit operator bool() const { return driver_ != nullptr; }
-  void Reset();
+  // Destroying only fails for a handle the driver does not know, which this class never holds.
+  void Reset() {
+    if (driver_ != nullptr) (void)(std::exchange(driver_, nullptr)->*kDestroy)(handle_);
+  }
 
  private:
   Driver* driver_ = nullptr;
-  Graph graph_{};
+  Handle handle_{};
 };
 
-// An instantiated graph (Driver::GraphExec), destroyed with its owner.
-class OwnedGraphExec {
- public:
-  OwnedGraphExec() = default;
-  OwnedGraphExec(Driver* driver, GraphExec exec) : driver_(driver), exec_(exec) {}
-  OwnedGraphExec(OwnedGraphExec&& other) noexcept
-      : driver_(std::exchange(other.driver_, nullptr)), exec_(other.exec_) {}
-  OwnedGraphExec& operator=(OwnedGraphExec&& other) noexcept;
-  ~OwnedGraphExec() { Reset(); }
-
-  GraphExec get() const { return exec_; }
-  explicit operator bool() const { return driver_ != nullptr; }
-  void Reset();
-
- private:
-  Driver* driver_ = nullptr;
-  GraphExec exec_{};
-};
+using OwnedGraph = OwnedDriverHandle<Graph, &Driver::GraphDestroy>;
+using OwnedGraphExec = OwnedDriverHandle<GraphExec, &Driver::GraphExecDestroy>;
 
 // Instantiates `graph`.
 absl::StatusOr<OwnedGraphExec> Instantiate(Driver& driver, const OwnedGraph& graph);

@@ -35,6 +35,12 @@ absl::Status GraphTree::Init() {
   absl::StatusOr<PoolCheckpoint> empty = allocator_.Checkpoint(pool_);
   if (!empty.ok()) return empty.status();
   empty_checkpoint_ = std::move(*empty);
+  // Pinned from the start: graphs replay into the pool's free memory too (their temporaries, their copy
+  // buffers), so none of it may move or go back to the device while the tree lives, not even before the
+  // first recording (a warmup's growth must not take the chunks a recording is about to use).
+  absl::StatusOr<GraphPin> pin = allocator_.PinForGraph(pool_);
+  if (!pin.ok()) return pin.status();
+  pin_ = std::move(*pin);
   absl::StatusOr<Stream> stream = driver_.StreamCreate();
   if (!stream.ok()) return stream.status();
   stream_ = *stream;

@@ -187,7 +187,7 @@ class GraphTree {
   const TreeOptions options_;
   PrivatePool pool_;
   PoolCheckpoint empty_checkpoint_;  // the pool with nothing allocated: what a root records against
-  GraphPin pin_;                     // taken at the first recording: graphs replay into the pool
+  GraphPin pin_;                     // graphs replay into the pool: its memory stays mapped where it is
   Stream stream_ = kDefaultStream;
   Event caller_ready_{};
   Event tree_done_{};

@@ -336,11 +336,6 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
 
   absl::StatusOr<GraphExec> exec = site.executables.Acquire(node->exec, node->graph);
   if (!exec.ok()) return fail(exec.status());
-  if (!pin_.active()) {
-    absl::StatusOr<GraphPin> pin = allocator_.PinForGraph(pool_);
-    if (!pin.ok()) return fail(pin.status());
-    pin_ = std::move(*pin);
-  }
   if (absl::Status s = PrepareRngReplay(*node, stream_); !s.ok()) return fail(s);
   if (absl::Status s = driver_.GraphLaunch(*exec, stream_); !s.ok()) return fail(s);
   launched_ = true;

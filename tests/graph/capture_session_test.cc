@@ -103,7 +103,9 @@ TEST_F(CaptureSessionTest, InvalidatedCaptureIsReportedAndLeavesNoGraph) {
   ASSERT_FALSE(graph.ok());
   EXPECT_NE(graph.status().message().find("the capture failed"), std::string_view::npos) << graph.status();
   ExpectNotCapturing();
-  if (sim != nullptr) EXPECT_EQ(sim->Counters().graphs, graphs_before);
+  if (sim != nullptr) {
+    EXPECT_EQ(sim->Counters().graphs, graphs_before);
+  }
 }
 
 TEST_F(CaptureSessionTest, RouteOpensOnlyOnACapturingStreamAndSessionCleansUpWhenAbandoned) {
