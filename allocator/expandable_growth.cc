@@ -201,7 +201,11 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
     bool used;
   };
   std::vector<Idle> idle;
+  // A pinned pool's free memory must stay where it is: graphs that replay into the pool write their
+  // temporaries (free between replays) at the addresses they were captured with.
+  const bool pinned = shard.pool != nullptr && shard.pool->pins.load(std::memory_order_acquire) > 0;
   for (BlockPool* p : {&shard.large_pool, &shard.small_pool}) {
+    if (pinned) break;
     for (auto it = p->LowerBound(gran); it != p->blocks.end(); ++it) {
       Block* b = it->block;
       if (!b->segment->expandable) continue;

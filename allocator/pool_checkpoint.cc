@@ -534,7 +534,14 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   for (StreamShard* shard : shards) shard->mu.Unlock();
   if (unmap_jobs.empty()) return result;
 
-  for (UnmapJob& job : unmap_jobs) job.unmapped = driver_->MemUnmap(job.chunk.ptr, job.chunk.size).ok();
+  // A pinned pool keeps every mapping: graphs recorded since the checkpoint may still replay into that memory
+  // (an unmapped range there would be an illegal address). The chunks stay mapped and free, as when an
+  // unmap fails.
+  for (UnmapJob& job : unmap_jobs) {
+    const PoolState* owner = job.shard->pool;
+    const bool pinned = owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0;
+    job.unmapped = !pinned && driver_->MemUnmap(job.chunk.ptr, job.chunk.size).ok();
+  }
   shards = LockPoolShards(pool.id());
   device_mu_.Lock();
   for (UnmapJob& job : unmap_jobs) {

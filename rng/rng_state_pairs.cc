@@ -79,6 +79,36 @@ absl::Status RngStatePairs::BeginBackward(std::uint64_t iteration, bool retain_g
   return absl::OkStatus();
 }
 
+absl::Status RngStatePairs::AbandonForward(std::uint64_t iteration) {
+  MutexLock lock(&mu_);
+  if (!pending_.contains(iteration)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "RngStatePairs::AbandonForward(%d): forward %d is not pending", iteration, iteration));
+  }
+  pending_.erase(iteration);
+  saved_.erase(iteration);
+  return absl::OkStatus();
+}
+
+absl::Status RngStatePairs::AbandonBackward(std::uint64_t iteration) {
+  MutexLock lock(&mu_);
+  if (absl::Status s = CheckNotCapturing("AbandonBackward"); !s.ok()) return s;
+  pending_.erase(iteration);
+  saved_.erase(iteration);
+  // BeginBackward snapshots the forward whose start the generators held before moving them, so a pending
+  // forward without a snapshot cannot be left; check it, since it would otherwise get wrong masks.
+  for (std::uint64_t p : pending_) {
+    if (!saved_.contains(p)) {
+      return absl::InternalError(absl::StrFormat(
+          "RngStatePairs::AbandonBackward(%d): forward %d is pending without a snapshot; this is a bug in "
+          "RngStatePairs",
+          iteration, p));
+    }
+  }
+  backward_position_ = kUnknownPosition;
+  return absl::OkStatus();
+}
+
 std::size_t RngStatePairs::snapshot_count() const {
   MutexLock lock(&mu_);
   return saved_.size();

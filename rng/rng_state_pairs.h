@@ -52,6 +52,15 @@ class RngStatePairs {
   // may run again (the snapshot is kept). FailedPrecondition for a forward with no pending backward.
   absl::Status BeginBackward(std::uint64_t iteration, bool retain_graph);
 
+  // A forward that failed after BeginForward: forgets it (no backward will come). The backward
+  // generators are untouched.
+  absl::Status AbandonForward(std::uint64_t iteration);
+  // A backward that failed after BeginBackward(iteration, ...): forgets the forward (its snapshot too), as a
+  // last backward would. The failed backward may have drawn any amount, so where the backward generators
+  // stand is unknown: every later backward restores its forward's snapshot (BeginForward takes one for
+  // every forward from now on) instead of trusting the in-order position.
+  absl::Status AbandonBackward(std::uint64_t iteration);
+
   // Introspection for tests and debugging.
   std::size_t snapshot_count() const;
   bool has_snapshot(std::uint64_t iteration) const;
@@ -66,7 +75,9 @@ class RngStatePairs {
   std::vector<std::unique_ptr<Generator>> backward_;
   mutable Mutex mu_;
   std::uint64_t next_iteration_ ABSL_GUARDED_BY(mu_) = 0;
-  // The forward iteration whose starting state the backward generators currently hold.
+  // The forward iteration whose starting state the backward generators currently hold (kUnknownPosition
+  // after a failed backward).
+  static constexpr std::uint64_t kUnknownPosition = ~std::uint64_t{0};
   std::uint64_t backward_position_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_set<std::uint64_t> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::uint64_t, std::vector<GeneratorState>> saved_ ABSL_GUARDED_BY(mu_);

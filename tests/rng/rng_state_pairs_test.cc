@@ -140,6 +140,48 @@ TEST(RngStatePairsTest, MixedOrderWithRetainedGraph) {
   EXPECT_EQ(m.pairs().snapshot_count(), 0u);
 }
 
+TEST(RngStatePairsTest, AFailedBackwardThatDrewPartOfItsMasksLeavesLaterBackwardsExact) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  Model m(driver);
+  // f0 f1 f2, b0 fails after one op drew (and an extra stray draw), then b2, b1, and in-order f3 b3.
+  auto [i0, f0] = m.Forward();
+  auto [i1, f1] = m.Forward();
+  auto [i2, f2] = m.Forward();
+  ASSERT_TRUE(m.pairs().BeginBackward(i0, false).ok());
+  ASSERT_TRUE(m.pairs().backward_generator(0).Reserve(4).ok());  // the failed backward's partial draw
+  ASSERT_TRUE(m.pairs().AbandonBackward(i0).ok());
+  EXPECT_FALSE(m.pairs().is_pending(i0));
+  EXPECT_FALSE(m.pairs().has_snapshot(i0));
+  EXPECT_EQ(m.Backward(i2, false), f2);
+  EXPECT_EQ(m.Backward(i1, false), f1);
+  auto [i3, f3] = m.Forward();
+  EXPECT_EQ(m.Backward(i3, false), f3);
+  EXPECT_EQ(m.pairs().snapshot_count(), 0u);
+  // Right after a failure the position is unknown, so even an in-order forward takes a snapshot.
+  auto [i4, f4] = m.Forward();
+  ASSERT_TRUE(m.pairs().BeginBackward(i4, false).ok());
+  ASSERT_TRUE(m.pairs().backward_generator(1).Reserve(8).ok());
+  ASSERT_TRUE(m.pairs().AbandonBackward(i4).ok());
+  auto [i5, f5] = m.Forward();
+  EXPECT_TRUE(m.pairs().has_snapshot(i5));
+  EXPECT_EQ(m.Backward(i5, false), f5);
+  EXPECT_EQ(m.pairs().snapshot_count(), 0u);
+}
+
+TEST(RngStatePairsTest, AnAbandonedForwardIsForgotten) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  Model m(driver);
+  auto [i0, f0] = m.Forward();
+  auto [i1, f1] = m.Forward();
+  ASSERT_TRUE(m.pairs().AbandonForward(i1).ok());
+  EXPECT_FALSE(m.pairs().is_pending(i1));
+  EXPECT_EQ(m.pairs().snapshot_count(), 0u);
+  EXPECT_EQ(m.pairs().AbandonForward(i1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(m.Backward(i0, false), f0);
+  auto [i2, f2] = m.Forward();
+  EXPECT_EQ(m.Backward(i2, false), f2);
+}
+
 TEST(RngStatePairsTest, RejectedWhileAGeneratorIsCapturing) {
   GRAPHALLOC_REQUIRE_DEVICE(driver);
   RngStatePairs pairs(driver, std::vector<std::uint64_t>{1});

@@ -1,0 +1,218 @@
+// The graph tree recorder: PyTorch's CUDA graph trees (../shared/reference/cuda_graph_trees.md) in C++,
+// on the Driver interface, so it runs on the simulated device and on a GPU.
+//
+// A user registers functions. A function takes input buffers and a stream, enqueues work on the stream
+// and returns output buffers it allocated through the tree's allocator; some inputs are declared static
+// (their address is expected to stay fixed, like parameters), the others are copied into the graph's own
+// buffers on each call. A call of a function
+//   - runs eagerly, in the tree's private pool, for its first `warmup_calls` calls (and for every call of
+//     a step that already ran a warmup: warmup addresses are not stable, so nothing recorded may follow);
+//   - then is recorded into a graph (a capture session into the pool) as a child of the node the step ran
+//     last (none: a root), and launched;
+//   - then, on later calls at the same place in a step, is replayed: its static inputs' addresses and its
+//     inputs' sizes are looked up (one hash lookup) among the recordings there, and a match replays;
+//   - on a mismatch (a static input moved, say), is recorded again as a sibling, at most `max_recordings`
+//     times per (parent node, function); past that the function runs eagerly (outside the pool) at that
+//     place from then on, with one logged warning naming the function, the input and both addresses.
+// The tree shares one pool among all its recordings; each node keeps the allocator checkpoint taken right
+// after it was recorded, and recording a new child of a node restores that checkpoint first, so a branch
+// sees exactly the memory its parent left (and the outputs that died since are reused).
+//
+// Steps (generations): BeginStep() starts one; so does calling the function at the root of the current
+// step again (TreeOptions::implicit_steps). Outputs of a step live in the pool and the next step's
+// replays overwrite them: each output knows its step, and reading or passing one from an earlier step is
+// an error that says how to keep it (tree_output.h). Clone outputs that must outlive the step.
+//
+// Not thread-safe: one thread at a time calls a tree (PyTorch serializes graph trees per device too).
+// TreeOutput handles may be read from any thread. Outputs owned by handles (eager ones, clones) must not
+// outlive the allocator.
+#ifndef GRAPHALLOC_GRAPH_GRAPH_TREE_H_
+#define GRAPHALLOC_GRAPH_GRAPH_TREE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/caching_allocator.h"
+#include "graph/capture_session.h"
+#include "graph/recording_key.h"
+#include "graph/tree_dump.h"
+#include "graph/tree_node.h"
+#include "graph/tree_output.h"
+
+namespace graphalloc {
+
+class Generator;  // rng/generator.h
+
+enum class TreeLogLevel { kInfo, kWarning };
+// Where the tree's messages go: the eager-fallback warning (once per call site) and informational lines.
+using TreeLogSink = std::function<void(TreeLogLevel level, std::string_view message)>;
+
+struct TreeOptions {
+  // Re-records allowed per (parent node, function) after the first recording there; past that, calls
+  // there run eagerly. PyTorch's cudagraph_max_recording default.
+  int max_recordings = 5;
+  // Executables per (parent node, function); recordings beyond it share them by in-place update
+  // (site_executables.h).
+  std::size_t executables_per_site = 2;
+  CaptureOptions capture;
+  // Calling the function at the root of the current step again begins a new step. Turn off when the
+  // root function legitimately runs twice in a step (a reused layer) and call BeginStep() instead.
+  bool implicit_steps = true;
+  // Empty: warnings go to stderr, info is dropped.
+  TreeLogSink log;
+};
+
+// What a function receives: its inputs as the graph sees them (static and managed inputs at the caller's
+// addresses, copied inputs in the graph's own buffers) and the stream to enqueue on. It returns output
+// buffers it allocated with the tree's allocator (CachingAllocator::Allocate; the tree routes them to its
+// pool), or static inputs returned as they are. Outputs must be whole allocations (the address Allocate
+// returned). It must enqueue its work on `stream` (or on streams joined to it) and must not synchronize:
+// during a recording it runs inside a stream capture.
+using TreeFunction =
+    std::function<absl::StatusOr<std::vector<BufferView>>(std::span<const BufferView> inputs, Stream stream)>;
+
+struct FunctionOptions {
+  std::string name;                        // for messages and the dump; "function <id>" when empty
+  std::vector<std::size_t> static_inputs;  // indices of the static inputs
+  int warmup_calls = 1;                    // eager calls (in the pool) before the first recording
+  bool clone_outputs = false;              // hand out owned copies that outlive the step
+  // Random generators the function draws from (rng/generator.h). A graph must not bake a (seed, offset)
+  // in, so each recording captures their state (its own device slots) and every launch of it is preceded
+  // by the generator's PrepareReplay on the launch stream: a sequence of calls draws exactly what the same
+  // sequence of eager calls would, whether each call warms up, records, replays or runs eagerly. They
+  // must outlive the tree, and must not be in another capture while the tree records.
+  std::vector<Generator*> generators = {};
+};
+
+class GraphTree {
+ public:
+  // A tree with its own pool in `allocator` (which must outlive it) and its own stream for warmups and
+  // recordings.
+  static absl::StatusOr<std::unique_ptr<GraphTree>> Create(CachingAllocator& allocator, TreeOptions options = {});
+  // Waits for the device, then frees the pool: outputs of the tree are gone afterwards (reading one is an
+  // error saying so).
+  ~GraphTree();
+  GraphTree(const GraphTree&) = delete;
+  GraphTree& operator=(const GraphTree&) = delete;
+
+  absl::StatusOr<FunctionId> Register(TreeFunction function, FunctionOptions options = {});
+
+  // Runs `function` on `inputs` with its work ordered on `stream` (see the file comment for warmup,
+  // recording, replay and eager fallback). Errors: an unknown function, an input that was overwritten, the
+  // function's own error, or a driver or allocator failure; after any of them the tree and the allocator
+  // stay usable and the call had no effect on the tree's state.
+  absl::StatusOr<std::vector<TreeOutput>> Call(FunctionId function, std::span<const CallInput> inputs, Stream stream);
+  absl::StatusOr<std::vector<TreeOutput>> Call(FunctionId function, std::initializer_list<CallInput> inputs,
+                                               Stream stream) {
+    return Call(function, std::span<const CallInput>(inputs.begin(), inputs.size()), stream);
+  }
+
+  // Begins a new step: every pool output handed out so far becomes overwritten (an error to read), and the
+  // next call starts at the roots.
+  void BeginStep();
+  std::uint64_t step() const;
+
+  // The tree's structure and counters, for tests and users (FormatTreeDump prints it).
+  TreeDump Dump() const;
+
+  const PrivatePool& pool() const { return pool_; }
+  // The tree's own stream (warmups and recordings run on it, joined to the caller's stream by events).
+  Stream stream() const { return stream_; }
+
+ private:
+  struct Function {
+    TreeFunction body;
+    FunctionOptions options;
+    std::vector<bool> is_static;
+    std::shared_ptr<const OutputOrigin> origin;
+    int warmup_runs = 0;
+  };
+
+  GraphTree(CachingAllocator& allocator, TreeOptions options);
+  absl::Status Init();
+
+  // ---- Dispatch and steps (graph_tree.cc). ----
+  void EndStep();
+  CallSite& SiteFor(TreeNode* parent, FunctionId function);
+  absl::Status CheckInputs(std::span<const CallInput> inputs) const;
+  // How input `i` of a call of `fn` is passed to the graph (recording_key.h).
+  InputRole RoleOf(const Function& fn, std::size_t i, const CallInput& input) const;
+  // Fills scratch_key_ for a call of `fn`.
+  void BuildKey(const Function& fn, std::span<const CallInput> inputs);
+  TreeNode* FindReplayable(CallSite& site) const;
+  bool LivenessAllows(const TreeNode& node) const;
+  KeyMismatch ExplainMiss(const CallSite& site) const;
+  absl::StatusOr<std::vector<TreeOutput>> Replay(TreeNode& node, std::span<const CallInput> inputs, Stream stream);
+  absl::StatusOr<std::vector<TreeOutput>> RunEager(Function& fn, std::span<const CallInput> inputs, Stream stream);
+  // Output handles for one call, from its specs; fills `entry.outputs` (tree_recording.cc).
+  std::vector<TreeOutput> MakeOutputs(const Function& fn, std::span<const OutputSpec> specs,
+                                      std::span<const CallInput> inputs, bool recorded, PathEntry& entry);
+  // Hands out a recorded node's outputs for this step and appends the call to the path.
+  absl::StatusOr<std::vector<TreeOutput>> FinishRecordedCall(TreeNode& node, std::span<const CallInput> inputs,
+                                                             Stream stream);
+  absl::StatusOr<std::vector<TreeOutput>> MaybeClone(const Function& fn, std::vector<TreeOutput> outputs,
+                                                     Stream stream);
+  void Log(TreeLogLevel level, std::string_view message) const;
+
+  // ---- Warmup and recording (tree_recording.cc). ----
+  absl::StatusOr<std::vector<TreeOutput>> Warmup(FunctionId id, std::span<const CallInput> inputs, Stream stream);
+  absl::StatusOr<std::vector<TreeOutput>> Record(CallSite& site, std::span<const CallInput> inputs, Stream stream,
+                                                 const KeyMismatch& why);
+  // What the function returned, checked and classified (OutputSpec); `seen` is what it was passed.
+  absl::StatusOr<std::vector<OutputSpec>> ClassifyOutputs(const Function& fn, std::span<const CallInput> inputs,
+                                                          std::span<const BufferView> seen,
+                                                          std::span<const BufferView> produced) const;
+  // Makes the pool's layout what it was right after `parent` was recorded (empty for a root), minus the
+  // outputs that died since.
+  absl::Status PreparePoolFor(const TreeNode* parent);
+  // Frees the blocks of warmup calls on the path: the dead ones, or all (`all`) at the end of a step.
+  void FreeWarmupBlocks(bool all);
+  absl::Status JoinTreeToCaller(Stream caller);
+  // Publishes the generators' current (seed, offset) to `node`'s slots on `stream`, before a launch.
+  absl::Status PrepareRngReplay(const TreeNode& node, Stream stream);
+  absl::Status JoinCallerToTree(Stream caller);
+
+  CachingAllocator& allocator_;
+  Driver& driver_;
+  const TreeOptions options_;
+  PrivatePool pool_;
+  PoolCheckpoint empty_checkpoint_;  // the pool with nothing allocated: what a root records against
+  GraphPin pin_;                     // graphs replay into the pool: its memory stays mapped where it is
+  Stream stream_ = kDefaultStream;
+  Event caller_ready_{};
+  Event tree_done_{};
+  std::shared_ptr<TreeEpoch> epoch_ = std::make_shared<TreeEpoch>();
+
+  std::vector<Function> functions_;
+  absl::flat_hash_map<FunctionId, std::unique_ptr<CallSite>> roots_;
+  std::vector<PathEntry> path_;
+  TreeNode* current_ = nullptr;  // the last recorded call of this step; nullptr: at the roots
+  bool in_warmup_ = false;       // this step ran a warmup: the rest of it runs warmups too
+  // Whether the pool's layout is exactly `pool_layout_`'s checkpoint (nullptr: the empty one), so that
+  // recording a child of it needs no restore.
+  bool pool_layout_known_ = true;
+  const TreeNode* pool_layout_ = nullptr;
+  bool launched_ = false;  // anything was launched (the destructor then waits for the device)
+
+  RecordingKey scratch_key_;
+  std::vector<BufferView> scratch_views_;
+  std::uint64_t next_node_id_ = 1;
+  TreeCounters counters_;
+};
+
+// A warning sink that writes to stderr (the default).
+void LogTreeMessageToStderr(TreeLogLevel level, std::string_view message);
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_GRAPH_GRAPH_TREE_H_

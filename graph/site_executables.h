@@ -1,0 +1,77 @@
+// The executable graphs of one call site (a parent node and a function): at most `capacity` of them,
+// shared by the site's recordings.
+//
+// Every recording keeps its captured graph; an executable is what launches it. Instantiating a 100-node
+// graph costs about 400 us on an H100, updating an executable of the same topology in place
+// (cuGraphExecUpdate) about 17 us (../shared/reference/cuda_graph_trees.md, Appendix A). So while the
+// site has fewer executables than its capacity, a recording gets its own; past that it takes the least
+// recently launched one and updates it in place (instantiating anew only when the driver refuses the
+// update: another topology). The recording that lost its executable keeps its graph, and gets an
+// executable back the same way when it is replayed: an update, never a re-record. With the default
+// capacity of 2, two recordings that alternate never update.
+#ifndef GRAPHALLOC_GRAPH_SITE_EXECUTABLES_H_
+#define GRAPHALLOC_GRAPH_SITE_EXECUTABLES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/capture_session.h"
+
+namespace graphalloc {
+
+// Which executable of its site a recording holds; kept by the recording.
+struct ExecHolder {
+  static constexpr std::size_t kNone = ~std::size_t{0};
+  std::size_t slot = kNone;
+};
+
+struct ExecCounters {
+  std::uint64_t instantiations = 0;
+  std::uint64_t updates = 0;          // successful in-place updates
+  std::uint64_t refused_updates = 0;  // updates the driver refused (then instantiated anew)
+};
+
+class SiteExecutables {
+ public:
+  SiteExecutables(Driver& driver, std::size_t capacity) : driver_(driver), capacity_(capacity < 1 ? 1 : capacity) {}
+  SiteExecutables(const SiteExecutables&) = delete;
+  SiteExecutables& operator=(const SiteExecutables&) = delete;
+
+  // The executable that launches `graph` for `holder` (see the file comment). `holder` must stay at its
+  // address while it holds a slot.
+  absl::StatusOr<GraphExec> Acquire(ExecHolder& holder, const OwnedGraph& graph) {
+    if (holder.slot != ExecHolder::kNone && slots_[holder.slot].holder == &holder) {
+      slots_[holder.slot].last_use = ++clock_;
+      return slots_[holder.slot].exec.get();
+    }
+    return AcquireSlow(holder, graph);
+  }
+
+  // Forgets `holder` (its recording is going away); its executable stays for others.
+  void Release(ExecHolder& holder);
+
+  const ExecCounters& counters() const { return counters_; }
+  std::size_t size() const { return slots_.size(); }
+
+ private:
+  struct Slot {
+    OwnedGraphExec exec;
+    ExecHolder* holder = nullptr;
+    std::uint64_t last_use = 0;
+  };
+
+  absl::StatusOr<GraphExec> AcquireSlow(ExecHolder& holder, const OwnedGraph& graph);
+  void Give(std::size_t slot, ExecHolder& holder);
+
+  Driver& driver_;
+  const std::size_t capacity_;
+  std::vector<Slot> slots_;
+  std::uint64_t clock_ = 0;
+  ExecCounters counters_;
+};
+
+}  // namespace graphalloc
+
+#endif  // GRAPHALLOC_GRAPH_SITE_EXECUTABLES_H_
