@@ -441,13 +441,30 @@ void CachingAllocator::FlushQuickCache(StreamShard& shard) {
 }
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  auto is_new_use = [stream](const Block* b) {
+    return stream != b->stream && !b->freeing &&
+           std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end();
+  };
   Block* block = nullptr;
   StreamShard* shard = LockOwnerOf(ptr, &block);
   if (shard == nullptr) return UnknownPointerError("RecordStream", ptr);
-  if (stream != block->stream && !block->freeing &&
-      std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end()) {
-    block->stream_uses.push_back(stream);
+  const bool new_use = is_new_use(block);
+  shard->mu.Unlock();
+  if (!new_use) return absl::OkStatus();
+  // Free() records an event on every recorded stream: one the device does not know would make that fail,
+  // and fail again on every retry. One cheap driver query, with no lock held and only when the stream is
+  // new to the block, refuses it here instead.
+  if (absl::Status known = driver_->GetCaptureInfo(stream).status(); !known.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "RecordStream(0x%x): stream 0x%x is not a stream of device %d (%s); nothing was recorded, and the "
+        "block is unchanged",
+        ptr, static_cast<std::uintptr_t>(stream), driver_->Ordinal(), known.message()));
   }
+  // Look the block up again: another thread may have freed it meanwhile (then this call comes after that
+  // Free, and the pointer is unknown now).
+  shard = LockOwnerOf(ptr, &block);
+  if (shard == nullptr) return UnknownPointerError("RecordStream", ptr);
+  if (is_new_use(block)) block->stream_uses.push_back(stream);
   shard->mu.Unlock();
   return absl::OkStatus();
 }
