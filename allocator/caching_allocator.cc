@@ -24,12 +24,36 @@ struct ShardCache {
 };
 thread_local ShardCache tls_shard;
 
+// Records a block event when history is on. The check comes first so that, with history off, nothing of
+// the block is read: its stream sits in its second cache line, which the hot path otherwise never touches.
+void RecordBlockEvent(HistoryRing& history, HistoryAction action, const Block* block) {
+  if (!history.enabled()) return;
+  history.Record(action, block->ptr, block->size, static_cast<std::uint64_t>(block->stream), 0);
+}
+
 bool Mergeable(const Block* dst, const Block* src) {
   return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
          src->mapped == dst->mapped && !src->in_flight;
 }
 
 }  // namespace
+
+// The free neighbours of a block that coalescing would merge with it, on each side.
+struct CachingAllocator::FreeRun {
+  std::size_t left_bytes = 0;
+  std::size_t right_bytes = 0;
+  bool whole_segment = false;  // the block and its run would cover the whole segment
+};
+
+CachingAllocator::FreeRun CachingAllocator::WalkFreeRun(const Block* block) {
+  FreeRun run;
+  const Block* p = block->prev;
+  for (; p != nullptr && Mergeable(block, p); p = p->prev) run.left_bytes += p->size;
+  const Block* n = block->next;
+  for (; n != nullptr && Mergeable(block, n); n = n->next) run.right_bytes += n->size;
+  run.whole_segment = p == nullptr && n == nullptr;
+  return run;
+}
 
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::shared_ptr<Driver> driver,
                                                                            Config config) {
@@ -157,9 +181,10 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
     SpinLockHolder lock(&shard->mu);
     BlockPool& pool = shard->PoolFor(size);
     Block* block = shard->quick.Peek(size, &pool);
-    if (block != nullptr && QuickHitIsBestFit(*shard, pool, block, size)) {
+    FreeRun run;
+    if (block != nullptr && QuickHitIsBestFit(*shard, pool, block, size, &run)) {
       shard->quick.Remove(block);
-      AccountRunChange(*shard, block, /*joining=*/false);
+      AccountRunChange(*shard, block, run, /*joining=*/false);
       return FinishQuickHit(*shard, pool, block, bytes);
     }
     {
@@ -172,10 +197,13 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
   return AllocateSlow(*shard, size, bytes);
 }
 
-Block* CachingAllocator::TakeFreeBlock(StreamShard& /*shard*/, BlockPool& pool, std::size_t size) {
+Block* CachingAllocator::TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size) {
   ++pool.free_block_lookups;
   auto it = pool.LowerBound(size);
   if (it == pool.blocks.end()) return nullptr;
+  // The block's pointer-map entry is written once the block is allocated: start loading it now, so that
+  // its cache miss overlaps the ones on the block and its neighbour.
+  shard.allocated.Prefetch(it->ptr);
   Block* block = it->block;
   // Oversize blocks serve only oversize requests, and those only when the waste stays bounded (not in
   // expandable segments, whose blocks always split: PyTorch's rule too).
@@ -234,26 +262,27 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
   UpdateAllocationStats(shard, block, small, +1);
   stats.active.Increase(small, 1);
   stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
-  history_.Record(HistoryAction::kAlloc, block->ptr, block->size, static_cast<std::uint64_t>(block->stream),
-                  0);
+  RecordBlockEvent(history_, HistoryAction::kAlloc, block);
   return block->ptr;
 }
 
 bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block,
-                                         std::size_t size) {
+                                         std::size_t size, FreeRun* run) {
   // Best fit would see `block` merged with its free neighbours into one block M, choose the smallest free
   // block that fits (lowest address among equals) and split it. Handing out `block` itself gives exactly
   // that layout when it is the only parked block (so every other free block has its coalesced size), M
   // starts at `block`, nothing smaller than M fits, and M would be split right after `block` (or is
   // `block`). Anything else goes the long way, through the coalesced layout, so decisions stay PyTorch's.
   if (shard.quick.size() != 1 || Mergeable(block, block->prev)) return false;
-  std::size_t merged = size;
+  // The one walk of the run: M's extent here, and the statistics' run for AccountRunChange.
+  std::size_t rest = 0;
   const Block* run_end = block->next;
-  for (; run_end != nullptr && Mergeable(block, run_end); run_end = run_end->next) merged += run_end->size;
-  const std::size_t rest = merged - size;
+  for (; run_end != nullptr && Mergeable(block, run_end); run_end = run_end->next) rest += run_end->size;
+  const std::size_t merged = size + rest;
   if (size < config_.max_split_size && merged >= config_.max_split_size) return false;
   if (size >= config_.max_split_size && rest != 0) return false;        // oversize blocks are never split
   if (rest != 0 && !pool.is_small && rest <= kSmallSize) return false;  // the rest would stay inside
+  *run = FreeRun{0, rest, block->prev == nullptr && run_end == nullptr};
   // The smallest indexed block that fits, skipping the ones that are part of M (they follow `block`).
   for (auto it = pool.LowerBound(size); it != pool.blocks.end(); ++it) {
     if (it->ptr > block->ptr && it->ptr < block->ptr + merged) continue;
@@ -271,8 +300,7 @@ DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, 
   UpdateAllocationStats(shard, block, small, +1);
   shard.stats.active.Increase(small, 1);
   shard.stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
-  history_.Record(HistoryAction::kAlloc, block->ptr, block->size, static_cast<std::uint64_t>(block->stream),
-                  0);
+  RecordBlockEvent(history_, HistoryAction::kAlloc, block);
   return block->ptr;
 }
 
@@ -319,12 +347,15 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
   Block* block = nullptr;
   StreamShard* shard = LockOwnerOf(ptr, &block);
   if (shard == nullptr) return UnknownPointerError("Free", ptr);
+  // Coalescing reads both neighbours, now or when the next allocation flushes the quick cache: with many
+  // live blocks they are cache misses, which this overlaps with the rest of the free.
+  __builtin_prefetch(block->prev);
+  __builtin_prefetch(block->next);
   if (block->freeing) {
     shard->mu.Unlock();
     return UnknownPointerError("Free", ptr);
   }
-  history_.Record(HistoryAction::kFreeRequested, block->ptr, block->size,
-                  static_cast<std::uint64_t>(block->stream), 0);
+  RecordBlockEvent(history_, HistoryAction::kFreeRequested, block);
   if (block->stream_uses.empty()) {
     shard->allocated.Erase(ptr);
     block->allocated = false;
@@ -367,8 +398,7 @@ PoolId CachingAllocator::LastBlockOfOrphan(const StreamShard& shard) const {
 }
 
 void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
-  history_.Record(HistoryAction::kFreeCompleted, block->ptr, block->size,
-                  static_cast<std::uint64_t>(block->stream), 0);
+  RecordBlockEvent(history_, HistoryAction::kFreeCompleted, block);
   const bool small = block->segment->pool->is_small;
   shard.stats.active.Decrease(small, 1);
   shard.stats.active_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
@@ -377,10 +407,11 @@ void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
 
 void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
   BlockPool& pool = *block->segment->pool;
-  block->gc_count_base = pool.free_block_lookups;
+  // Only garbage collection reads the age, and the write would touch the block's second cache line.
+  if (config_.garbage_collection_threshold > 0.0) block->gc_count_base = pool.free_block_lookups;
   if (shard.quick.Push(block, &pool)) {
-    // Parked without merging; statistics count its free run as if it were merged (see FreeRun).
-    AccountRunChange(shard, block, /*joining=*/true);
+    // Parked without merging; statistics count its free run as if it were merged.
+    if (!block->segment->expandable) AccountRunChange(shard, block, WalkFreeRun(block), /*joining=*/true);
     return;
   }
   // Merging must see neighbours as they would be: parked blocks merge first. `block` is in neither free
@@ -416,21 +447,15 @@ void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
   pool.Insert(block);
 }
 
-void CachingAllocator::AccountRunChange(StreamShard& shard, Block* block, bool joining) {
-  // The free neighbours on each side form runs that coalescing would merge with `block`; a run counts as
-  // one inactive split block unless it covers its whole segment. Expandable segments count none.
+void CachingAllocator::AccountRunChange(StreamShard& shard, Block* block, const FreeRun& run, bool joining) {
+  // Coalescing would merge `block` with the free blocks on each side; a run counts as one inactive split
+  // block unless it covers its whole segment. Expandable segments count none.
   if (block->segment->expandable) return;
-  std::size_t left_bytes = 0, right_bytes = 0;
-  const Block* p = block->prev;
-  for (; p != nullptr && Mergeable(block, p); p = p->prev) left_bytes += p->size;
-  const Block* n = block->next;
-  for (; n != nullptr && Mergeable(block, n); n = n->next) right_bytes += n->size;
-  const bool whole_segment = p == nullptr && n == nullptr;
-  const std::int64_t apart_blocks = (left_bytes > 0 ? 1 : 0) + (right_bytes > 0 ? 1 : 0);
-  const auto apart_bytes = static_cast<std::int64_t>(left_bytes + right_bytes);
-  const std::int64_t joined_blocks = whole_segment ? 0 : 1;
+  const std::int64_t apart_blocks = (run.left_bytes > 0 ? 1 : 0) + (run.right_bytes > 0 ? 1 : 0);
+  const auto apart_bytes = static_cast<std::int64_t>(run.left_bytes + run.right_bytes);
+  const std::int64_t joined_blocks = run.whole_segment ? 0 : 1;
   const auto joined_bytes =
-      whole_segment ? 0 : static_cast<std::int64_t>(left_bytes + block->size + right_bytes);
+      run.whole_segment ? 0 : static_cast<std::int64_t>(run.left_bytes + block->size + run.right_bytes);
   const std::int64_t blocks_delta = joining ? joined_blocks - apart_blocks : apart_blocks - joined_blocks;
   const std::int64_t bytes_delta = joining ? joined_bytes - apart_bytes : apart_bytes - joined_bytes;
   const bool small = block->segment->pool->is_small;
@@ -479,13 +504,30 @@ void CachingAllocator::FlushQuickCache(StreamShard& shard) {
 }
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  auto is_new_use = [stream](const Block* b) {
+    return stream != b->stream && !b->freeing &&
+           std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end();
+  };
   Block* block = nullptr;
   StreamShard* shard = LockOwnerOf(ptr, &block);
   if (shard == nullptr) return UnknownPointerError("RecordStream", ptr);
-  if (stream != block->stream && !block->freeing &&
-      std::find(block->stream_uses.begin(), block->stream_uses.end(), stream) == block->stream_uses.end()) {
-    block->stream_uses.push_back(stream);
+  const bool new_use = is_new_use(block);
+  shard->mu.Unlock();
+  if (!new_use) return absl::OkStatus();
+  // Free() records an event on every recorded stream: one the device does not know would make that fail,
+  // and fail again on every retry. One cheap driver query, with no lock held and only when the stream is
+  // new to the block, refuses it here instead.
+  if (absl::Status known = driver_->GetCaptureInfo(stream).status(); !known.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "RecordStream(0x%x): stream 0x%x is not a stream of device %d (%s); nothing was recorded, and the "
+        "block is unchanged",
+        ptr, static_cast<std::uintptr_t>(stream), driver_->Ordinal(), known.message()));
   }
+  // Look the block up again: another thread may have freed it meanwhile (then this call comes after that
+  // Free, and the pointer is unknown now).
+  shard = LockOwnerOf(ptr, &block);
+  if (shard == nullptr) return UnknownPointerError("RecordStream", ptr);
+  if (is_new_use(block)) block->stream_uses.push_back(stream);
   shard->mu.Unlock();
   return absl::OkStatus();
 }

@@ -154,13 +154,17 @@ class CachingAllocator {
   // parked in the quick cache when merging would not change it.
   void ReleaseBlock(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   void InsertFree(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // Statistics for `block` joining (parked) or leaving (taken from the quick cache) the run of free
-  // blocks around it, counted as coalescing would leave them.
-  void AccountRunChange(StreamShard& shard, Block* block, bool joining)
+  // The free neighbours coalescing would merge with a block (caching_allocator.cc).
+  struct FreeRun;
+  static FreeRun WalkFreeRun(const Block* block);
+  // Statistics for `block` joining (parked) or leaving (taken from the quick cache) its run of free
+  // blocks, counted as coalescing would leave them.
+  void AccountRunChange(StreamShard& shard, Block* block, const FreeRun& run, bool joining)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // True when handing out the parked `block` for a request of `size` is exactly what best fit would do.
-  bool QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block, std::size_t size)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // True when handing out the parked `block` for a request of `size` is exactly what best fit would do;
+  // then `run` is the block's run, from the same walk, for AccountRunChange.
+  bool QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block, std::size_t size,
+                         FreeRun* run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   DevicePtr FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block, std::size_t requested)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   bool TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool)

@@ -31,11 +31,7 @@ class QuickCache {
     slot.size = b->size;
     slot.pool = pool;
     b->in_quick = true;
-    b->quick_prev = nullptr;
-    b->quick_next = slot.head;
-    if (slot.head != nullptr) slot.head->quick_prev = b;
-    slot.head = b;
-    ++slot.count;
+    slot.blocks[slot.count++] = b;
     ++blocks_;
     occupied_ |= std::uint64_t{1} << SlotOf(b->size);
     return true;
@@ -45,20 +41,17 @@ class QuickCache {
   Block* Peek(std::size_t size, const BlockPool* pool) const {
     const Slot& slot = slots_[SlotOf(size)];
     if (slot.count == 0 || slot.size != size || slot.pool != pool) return nullptr;
-    return slot.head;
+    return slot.blocks[slot.count - 1];
   }
 
-  // Takes `b` out of the cache (it is merging with a neighbour, or being flushed).
+  // Takes `b` out of the cache (it is being handed out, merging with a neighbour, or being flushed).
   void Remove(Block* b) {
     const std::size_t index = SlotOf(b->size);
     Slot& slot = slots_[index];
-    if (b->quick_prev != nullptr) {
-      b->quick_prev->quick_next = b->quick_next;
-    } else {
-      slot.head = b->quick_next;
-    }
-    if (b->quick_next != nullptr) b->quick_next->quick_prev = b->quick_prev;
-    b->quick_prev = b->quick_next = nullptr;
+    std::uint32_t i = slot.count - 1;
+    while (slot.blocks[i] != b) --i;
+    // Keep the others in parking order, so that Peek() still sees the most recent one.
+    for (; i + 1 < slot.count; ++i) slot.blocks[i] = slot.blocks[i + 1];
     b->in_quick = false;
     --slot.count;
     --blocks_;
@@ -70,7 +63,8 @@ class QuickCache {
   void Drain(F f) {
     // f may remove other parked blocks (merging them): re-read the occupancy after each call.
     while (occupied_ != 0) {
-      Block* b = slots_[static_cast<std::size_t>(__builtin_ctzll(occupied_))].head;
+      const Slot& slot = slots_[static_cast<std::size_t>(__builtin_ctzll(occupied_))];
+      Block* b = slot.blocks[slot.count - 1];
       Remove(b);
       f(b);
     }
@@ -78,20 +72,23 @@ class QuickCache {
 
   std::size_t size() const { return blocks_; }
   bool empty() const { return blocks_ == 0; }
-  // True when `b` is linked in its slot (for the invariant checker).
+  // True when `b` is in its slot (for the invariant checker).
   bool Holds(const Block* b) const {
-    for (const Block* q = slots_[SlotOf(b->size)].head; q != nullptr; q = q->quick_next) {
-      if (q == b) return true;
+    const Slot& slot = slots_[SlotOf(b->size)];
+    for (std::uint32_t i = 0; i < slot.count; ++i) {
+      if (slot.blocks[i] == b) return true;
     }
     return false;
   }
 
  private:
+  // The parked blocks live in the slot, not in links inside the blocks: parking and taking back a block
+  // writes nothing to it but its in_quick flag, which shares its first cache line.
   struct Slot {
     std::size_t size = 0;
     const BlockPool* pool = nullptr;
-    Block* head = nullptr;
     std::uint32_t count = 0;
+    std::array<Block*, kMaxPerSlot> blocks{};  // in parking order, the most recent last
   };
   static std::size_t SlotOf(std::size_t size) {
     return static_cast<std::size_t>(((size >> 9) * 0x9E3779B97F4A7C15ull) >> 58);  // top 6 bits: 64 slots

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
+#include "allocator/device/driver_error.h"
 
 namespace graphalloc {
 
@@ -28,12 +29,25 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
       status = e.status();
     }
   }
-  for (std::size_t i = 0; status.ok() && i < streams.size(); ++i)
-    status = driver_->EventRecord(events[i], streams[i]);
+  // A recorded stream destroyed since RecordStream() (which checks that the stream exists) takes no event:
+  // the device is synchronized instead, which also waits for the work that stream still had queued. Left
+  // failing, such a Free() would fail again on every retry and the block could never be freed.
+  std::size_t live = 0;  // streams[0, live) took an event, events[i] on streams[i]
+  bool stream_gone = false;
+  for (std::size_t i = 0; status.ok() && i < streams.size(); ++i) {
+    status = driver_->EventRecord(events[live], streams[i]);
+    if (status.ok()) {
+      streams[live++] = streams[i];
+    } else if (DriverErrorCode(status) == static_cast<int>(DriverResult::kInvalidHandle)) {
+      stream_gone = true;
+      status = absl::OkStatus();
+    }
+  }
+  if (status.ok() && stream_gone) status = driver_->DeviceSynchronize();
+  streams.resize(live);
 
   SpinLockHolder lock(&shard.mu);
-  shard.idle_events.insert(shard.idle_events.end(), events.begin() + (status.ok() ? streams.size() : 0),
-                           events.end());
+  shard.idle_events.insert(shard.idle_events.end(), events.begin() + (status.ok() ? live : 0), events.end());
   block->freeing = false;
   // On failure the block stays allocated, exactly as before the call.
   if (!status.ok()) return status;
@@ -44,11 +58,15 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   UpdateAllocationStats(shard, block, block->segment->pool->is_small, -1);
   block->requested_size = 0;
   block->stream_uses.clear();
-  block->event_count = static_cast<int>(streams.size());
-  for (std::size_t i = 0; i < streams.size(); ++i) {
+  if (live == 0) {  // every recorded stream was gone, and the device is synchronized: free now
+    ReleaseBlock(shard, block);
+    return absl::OkStatus();
+  }
+  block->event_count = static_cast<int>(live);
+  for (std::size_t i = 0; i < live; ++i) {
     shard.pending_events[streams[i]].push_back({events[i], block, shard.next_pending_event_id++});
   }
-  shard.pending_event_count.fetch_add(static_cast<std::int64_t>(streams.size()), std::memory_order_relaxed);
+  shard.pending_event_count.fetch_add(static_cast<std::int64_t>(live), std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

@@ -1,5 +1,6 @@
 // Cross-stream reuse: a block recorded on another stream is reused only after that stream's work up to
 // the Free() has completed.
+#include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -97,6 +98,48 @@ TEST_F(StreamEventsTest, BlockUsedOnTwoStreamsWaitsForBoth) {
   EXPECT_EQ(c, a);
   FreeOk(b);
   FreeOk(c);
+}
+
+TEST_F(StreamEventsTest, RecordStreamOnAStreamTheDeviceDoesNotKnowIsRefused) {
+  SetUpAllocator();
+  if (driver_ == nullptr) GTEST_SKIP() << skip_reason_;
+  // A made-up handle is undefined behaviour for the real driver; the simulated one reports it.
+  if (testing::AsSim(driver_.get()) == nullptr) GTEST_SKIP() << "needs the simulated device";
+  DevicePtr a = Alloc(4096);
+  const Stream unknown{0x7e57};
+  absl::Status s = allocator_->RecordStream(a, unknown);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), ::testing::HasSubstr(absl::StrFormat(
+                               "RecordStream(0x%x): stream 0x7e57 is not a stream of device 0", a)));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("CUDA_ERROR_INVALID_HANDLE"));
+  ExpectInvariants();
+  // Nothing was recorded: the free needs no event, and the block is reusable at once.
+  FreeOk(a);
+  EXPECT_EQ(Stats().active.all().current, 0);
+  EXPECT_EQ(Alloc(4096), a);
+  FreeOk(a);
+}
+
+TEST_F(StreamEventsTest, FreeAfterTheRecordedStreamWasDestroyedSynchronizesAndFreesTheBlock) {
+  SetUpAllocator();
+  if (driver_ == nullptr) GTEST_SKIP() << skip_reason_;
+  // Recording an event on a destroyed stream is undefined behaviour for the real driver.
+  if (testing::AsSim(driver_.get()) == nullptr) GTEST_SKIP() << "needs the simulated device";
+  absl::StatusOr<Stream> side = driver_->StreamCreate();  // not NewStream(): this test destroys it
+  ASSERT_TRUE(side.ok()) << side.status();
+  DevicePtr a = Alloc(4096);
+  bool side_work_done = false;
+  ASSERT_TRUE(driver_->LaunchHostFunction(*side, [&] { side_work_done = true; }).ok());
+  ASSERT_TRUE(allocator_->RecordStream(a, *side).ok());
+  ASSERT_TRUE(driver_->StreamDestroy(*side).ok());  // its queued work still runs, as on a GPU
+  // The free cannot record an event on the destroyed stream: it waits for the device instead (so the
+  // work still queued there finishes first), and the block is freed, not left allocated for good.
+  FreeOk(a);
+  EXPECT_TRUE(side_work_done);
+  EXPECT_EQ(Stats().allocation.all().current, 0);
+  EXPECT_EQ(Stats().active.all().current, 0);
+  EXPECT_EQ(Alloc(4096), a);
+  FreeOk(a);
 }
 
 }  // namespace

@@ -6,9 +6,9 @@
 // a message, blocks never overlap, their contents survive, and nothing crashes.
 //
 // The default allocators are process-wide and outlive each input: every input ends by freeing what it
-// allocated and restoring the memory fraction, so inputs stay independent. Blocks that cannot be freed
-// (record_stream on a stream that does not exist; see README.md) are kept for the rest of the run and
-// still checked for overlap.
+// allocated and restoring the memory fraction, so inputs stay independent. The harness creates no stream,
+// so on the simulated device only stream 0 exists: record_stream on any other stream must be refused, and
+// every live block must free.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -54,18 +54,12 @@ struct Block {
   int device = 0;
   std::uintptr_t stream = 0;
   std::uint64_t tag = 0;
-  bool bogus_stream_use = false;  // record_stream accepted a stream that does not exist
 };
 
 // Live blocks by address (addresses are unique across devices: each simulated device maps its own ranges).
 std::map<std::uintptr_t, Block>& Live() {
   static auto* live = new std::map<std::uintptr_t, Block>();
   return *live;
-}
-// Blocks whose free failed for good (bogus stream use): they stay allocated, so nothing may overlap them.
-std::map<std::uintptr_t, Block>& Stuck() {
-  static auto* stuck = new std::map<std::uintptr_t, Block>();
-  return *stuck;
 }
 std::uint64_t next_tag = 1;
 
@@ -137,8 +131,7 @@ bool OverlapsIn(const Map& m, std::uintptr_t p, std::uintptr_t end, SizeOf size_
 
 bool Overlaps(std::uintptr_t p, std::size_t size) {
   const std::uintptr_t end = p + size;
-  return OverlapsIn(Live(), p, end, [](const Block& b) { return b.size; }) ||
-         OverlapsIn(Stuck(), p, end, [](const Block& b) { return b.size; });
+  return OverlapsIn(Live(), p, end, [](const Block& b) { return b.size; });
 }
 
 // The first 8 bytes of a block (all of it when smaller) carry its tag, and so do its last 8 bytes when
@@ -187,7 +180,7 @@ void Malloc(Input& in, bool torch) {
   if (p == 0 || p % 512 != 0) Fail("bad address", static_cast<long long>(p));
   if (Overlaps(p, size))
     Fail("new block overlaps a live one", static_cast<long long>(p), static_cast<long long>(size));
-  Block b{size, device, reinterpret_cast<std::uintptr_t>(stream), next_tag++, false};
+  Block b{size, device, reinterpret_cast<std::uintptr_t>(stream), next_tag++};
   WriteTag(p, b);
   Live().emplace(p, b);
 }
@@ -196,7 +189,7 @@ void FreeLive(std::uintptr_t p, bool torch) {
   auto it = Live().find(p);
   const Block b = it->second;
   CheckTag(p, b);
-  if (torch && !b.bogus_stream_use) {
+  if (torch) {
     graphalloc_torch_free(reinterpret_cast<void*>(p), b.size, b.device,
                           reinterpret_cast<graphalloc_stream>(b.stream));
     if (graphalloc_last_error()[0] != '\0') Fail("torch_free of a live block failed");
@@ -205,14 +198,7 @@ void FreeLive(std::uintptr_t p, bool torch) {
   }
   const int code = graphalloc_free(reinterpret_cast<void*>(p), b.device);
   CheckCode(code, "graphalloc_free");
-  if (code == GRAPHALLOC_OK) {
-    Live().erase(it);
-    return;
-  }
-  if (!b.bogus_stream_use) Fail("free of a live block failed", code);
-  // The block stays allocated, exactly as before the call: keep checking it.
-  CheckTag(p, b);
-  Stuck().emplace(p, b);
+  if (code != GRAPHALLOC_OK) Fail("free of a live block failed", code);
   Live().erase(it);
 }
 
@@ -236,7 +222,7 @@ std::uintptr_t PickAnyPointer(Input& in) {
     case 3:
       return static_cast<std::uintptr_t>(in.U64());
     case 4:
-      return Stuck().empty() ? 0 : Stuck().begin()->first;
+      return live == 0 ? 0 : live + 512 * (1 + in.Byte() % 8);  // a neighbour, maybe live
     default:
       return 0;
   }
@@ -253,7 +239,7 @@ void Free(Input& in) {
     if (code != GRAPHALLOC_OK) Fail("free(NULL) failed", code);
     return;
   }
-  // Not live on `device`; or a stuck block, whose free keeps failing the same way.
+  // Not live on `device`.
   if (code != GRAPHALLOC_INVALID_ARGUMENT)
     Fail("free of a pointer not live on that device did not fail", code);
 }
@@ -264,22 +250,19 @@ void RecordStream(Input& in) {
   const graphalloc_stream stream = PickStream(in);
   const int code = graphalloc_record_stream(reinterpret_cast<void*>(p), device, stream);
   CheckCode(code, "graphalloc_record_stream");
-  if (auto stuck = Stuck().find(p); stuck != Stuck().end() && stuck->second.device == device) {
-    if (code != GRAPHALLOC_OK) Fail("record_stream of a block that is still allocated failed", code);
-    return;
-  }
   auto it = Live().find(p);
   if (it == Live().end() || it->second.device != device) {
     if (code != GRAPHALLOC_INVALID_ARGUMENT)
       Fail("record_stream of a pointer not live there did not fail", code);
     return;
   }
+  // Stream 0 exists, and the block's own stream needs no event; any other stream is unknown to the
+  // device and must be refused, leaving the block as it was (its next free must succeed).
   const auto s = reinterpret_cast<std::uintptr_t>(stream);
-  if (code == GRAPHALLOC_OK) {
-    if (s != 0 && s != it->second.stream) it->second.bogus_stream_use = true;
-    return;
-  }
-  if (s == 0 || s == it->second.stream) Fail("record_stream on a real stream failed", code);
+  const bool accept = s == 0 || s == it->second.stream;
+  if (accept && code != GRAPHALLOC_OK) Fail("record_stream on a real stream failed", code);
+  if (!accept && code != GRAPHALLOC_INVALID_ARGUMENT)
+    Fail("record_stream on an unknown stream not refused", code);
 }
 
 void EmptyCache(Input& in) {
