@@ -52,7 +52,7 @@ __all__ = [
     "install", "is_installed", "hooks", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "set_per_process_memory_fraction", "record_stream", "record_history",
-    "snapshot", "dump_snapshot", "export_torch", "config", "library_path", "graph_pool_stats",
+    "snapshot", "dump_snapshot", "export_torch", "config", "library_path", "graph_pool_id", "graph_pool_stats",
     "open_capture_routes", "GraphCaptureUnsupported", "InstallError",
 ]
 
@@ -323,18 +323,22 @@ def _patch_capture_cleanup(torch, shim) -> None:
     graph_class.capture_end = capture_end
 
 
-def graph_pool_stats(pool, device=None) -> Optional[Dict[str, int]]:
-    """graphalloc's statistics of the private pool behind a PyTorch pool id (CUDAGraph.pool(),
-    torch.cuda.graph_pool_handle()), or None when graphalloc holds no pool for it (never captured into, or
-    every graph of it released)."""
+def graph_pool_id(pool, device=None) -> Optional[int]:
+    """The id of the graphalloc private pool behind a PyTorch pool id (CUDAGraph.pool(),
+    torch.cuda.graph_pool_handle()), for graphalloc.pool_stats(); None while PyTorch holds no reference to
+    it (never captured into, or every graph of it released: the graphalloc pool then goes as soon as its
+    last tensor does)."""
     if _shim is None:
         return None
     first, second = (int(x) for x in pool)
-    idx = _device_index(device)
-    ga_pool, _ = _pool_of(_shim, idx, first, second)
-    if ga_pool is None:
-        return None
-    return _ga.pool_stats(ga_pool, idx)
+    ga_pool, _ = _pool_of(_shim, _device_index(device), first, second)
+    return ga_pool
+
+
+def graph_pool_stats(pool, device=None) -> Optional[Dict[str, int]]:
+    """graphalloc's statistics of the private pool behind a PyTorch pool id, or None (see graph_pool_id)."""
+    ga_pool = graph_pool_id(pool, device)
+    return None if ga_pool is None else _ga.pool_stats(ga_pool, _device_index(device))
 
 
 def open_capture_routes() -> int:

@@ -17,6 +17,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402,F401
 
+import graphalloc  # noqa: E402
 import graphalloc.torch as gat  # noqa: E402
 
 gat.install()
@@ -113,11 +114,17 @@ def scenario_model() -> None:
     torch.cuda.synchronize()
     compare("shared-pool replay", static_out2, expected * 2)
 
-    # Graphs and their outputs gone: the pool goes back to the device.
+    # Graphs and their outputs gone: PyTorch releases the pool, and graphalloc returns its memory.
+    ga_pool = gat.graph_pool_id(pool)
     del g, g2, static_out, static_out2
     gc.collect()
     torch.cuda.synchronize()
-    outcome(f"pool-released {gat.graph_pool_stats(pool) is None}")
+    try:
+        left = graphalloc.pool_stats(ga_pool, torch.cuda.current_device())
+        print("pool still there after release:", left, flush=True)
+        outcome("pool-released False")
+    except graphalloc.GraphallocError:
+        outcome(f"pool-released {gat.graph_pool_id(pool) is None}")
 
     # make_graphed_callables: forward and backward captured in one shared pool, trained against eager.
     torch.manual_seed(1)
