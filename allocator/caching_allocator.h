@@ -18,8 +18,10 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -102,8 +104,9 @@ class CachingAllocator {
   absl::StatusOr<PoolStats> GetPoolStats(PoolId id) const;
   // Returns the pool's cached free memory to the device, unless a graph pins it (then nothing, and OK).
   absl::Status EmptyPoolCache(PoolId id);
-  // Routes matching allocations to `pool` until the returned route ends (private_pool.h). A capture route
-  // needs its stream to be capturing. While any capture route is open the allocator is in capture mode:
+  // Routes matching allocations to `pool` until the returned route ends (private_pool.h). A kCapture route
+  // needs its stream to be capturing. While any capture route (kCapture, or a filter with capture_mode) is
+  // open the allocator is in capture mode:
   // no event is queried or synchronized, frees of blocks used on other streams are deferred until the last
   // capture route ends, new segments are allocated in relaxed capture mode and nothing is freed to the
   // device (an allocation that does not fit fails with ResourceExhausted instead).
@@ -235,10 +238,19 @@ class CachingAllocator {
   absl::Status OutOfMemory(std::size_t size, Stream stream);
 
   // ---- Private pools (pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
+  // A kPredicate route's predicate, shared by the route and the copies RoutedPool evaluates unlocked.
+  struct RoutePredicate {
+    explicit RoutePredicate(std::function<bool(Stream)> f) : fn(std::move(f)) {}
+    const std::function<bool(Stream)> fn;
+    // Copies taken (under routes_mu_) and not yet done with: EndRoute waits for 0, so that the predicate is
+    // never called after the route has ended (it may refer to its caller's objects, which die then).
+    std::atomic<int> evaluating{0};
+  };
   struct OpenRoute {
     std::uint64_t id = 0;
     PoolId pool = kDefaultPool;
-    PoolRouteFilter filter;
+    PoolRouteFilter filter;  // without its predicate, which `predicate` holds: copies stay cheap
+    std::shared_ptr<RoutePredicate> predicate;
   };
   // The pool an allocation on `stream` by this thread goes to (the innermost matching route).
   PoolId RoutedPool(Stream stream);

@@ -1,6 +1,9 @@
 // Private pools: routing allocations to them (by stream, capture or thread), capture mode, frees
 // deferred until captures end, and use_on_oom.
 #include <algorithm>
+#include <memory>
+#include <thread>
+#include <utility>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
@@ -47,30 +50,46 @@ absl::StatusOr<PoolRoute> CachingAllocator::BeginAllocateToPool(const PrivatePoo
     }
     filter.capture_id = info->id;
   }
+  std::shared_ptr<RoutePredicate> predicate;
+  if (filter.kind == PoolRouteFilter::Kind::kPredicate) {
+    if (!filter.predicate) {
+      return absl::InvalidArgumentError(
+          "BeginAllocateToPool: a predicate route needs a predicate (it is empty)");
+    }
+    predicate = std::make_shared<RoutePredicate>(std::move(filter.predicate));
+    filter.predicate = nullptr;
+  }
+  const bool capture_route = filter.IsCaptureRoute();
   if (absl::Status s = AddPoolUser(pool.id()); !s.ok()) return s;
   MutexLock lock(&routes_mu_);
   const std::uint64_t id = next_route_id_++;
-  routes_.push_back(OpenRoute{id, pool.id(), filter});
+  routes_.push_back(OpenRoute{id, pool.id(), std::move(filter), std::move(predicate)});
   open_routes_.fetch_add(1, std::memory_order_release);
-  if (filter.kind == PoolRouteFilter::Kind::kCapture)
-    captures_underway_.fetch_add(1, std::memory_order_release);
+  if (capture_route) captures_underway_.fetch_add(1, std::memory_order_release);
   return PoolRoute(this, id, pool.id());
 }
 
 absl::Status CachingAllocator::EndRoute(std::uint64_t route_id) {
   PoolId pool = kDefaultPool;
   bool captures_over = false;
+  std::shared_ptr<RoutePredicate> predicate;
   {
     MutexLock lock(&routes_mu_);
     auto it =
         std::find_if(routes_.begin(), routes_.end(), [&](const OpenRoute& r) { return r.id == route_id; });
     if (it == routes_.end()) return absl::OkStatus();
     pool = it->pool;
-    if (it->filter.kind == PoolRouteFilter::Kind::kCapture) {
+    if (it->filter.IsCaptureRoute()) {
       captures_over = captures_underway_.fetch_sub(1, std::memory_order_acq_rel) == 1;
     }
+    predicate = std::move(it->predicate);
     routes_.erase(it);
     open_routes_.fetch_sub(1, std::memory_order_release);
+  }
+  // No new copy of the predicate can be taken now; wait for the evaluations already under way (each is
+  // one call, no lock held), so that the caller may destroy what the predicate refers to.
+  if (predicate != nullptr) {
+    while (predicate->evaluating.load(std::memory_order_acquire) > 0) std::this_thread::yield();
   }
   absl::Status status;
   if (captures_over) status = RunDeferredFrees();
@@ -105,17 +124,21 @@ PoolId CachingAllocator::RoutedPool(Stream stream) {
   {
     MutexLock lock(&routes_mu_);
     routes.assign(routes_.begin(), routes_.end());
+    for (const OpenRoute& r : routes) {
+      if (r.predicate != nullptr) r.predicate->evaluating.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   const std::thread::id me = std::this_thread::get_id();
   std::uint64_t capture_id = 0;
   bool capture_known = false;
-  for (auto it = routes.rbegin(); it != routes.rend(); ++it) {
+  PoolId found = kDefaultPool;
+  for (auto it = routes.rbegin(); it != routes.rend() && found == kDefaultPool; ++it) {
     switch (it->filter.kind) {
       case PoolRouteFilter::Kind::kThread:
-        if (it->filter.thread == me) return it->pool;
+        if (it->filter.thread == me) found = it->pool;
         break;
       case PoolRouteFilter::Kind::kStream:
-        if (it->filter.stream == stream) return it->pool;
+        if (it->filter.stream == stream) found = it->pool;
         break;
       case PoolRouteFilter::Kind::kCapture:
         if (!capture_known) {
@@ -124,11 +147,25 @@ PoolId CachingAllocator::RoutedPool(Stream stream) {
           capture_id = info.ok() && info->status != CaptureStatus::kNone ? info->id : 0;
           capture_known = true;
         }
-        if (capture_id != 0 && capture_id == it->filter.capture_id) return it->pool;
+        if (capture_id != 0 && capture_id == it->filter.capture_id) found = it->pool;
         break;
+      case PoolRouteFilter::Kind::kPredicate: {
+        // No lock is held here either: a predicate typically asks the driver about the stream's capture.
+        bool match = false;
+        try {
+          match = it->predicate->fn(stream);
+        } catch (...) {  // the contract says it must not throw; an allocation is no place to propagate it
+          match = false;
+        }
+        if (match) found = it->pool;
+        break;
+      }
     }
   }
-  return kDefaultPool;
+  for (const OpenRoute& r : routes) {
+    if (r.predicate != nullptr) r.predicate->evaluating.fetch_sub(1, std::memory_order_release);
+  }
+  return found;
 }
 
 DevicePtr CachingAllocator::AllocateFromOomPools(Stream stream, std::size_t size, std::size_t requested) {

@@ -12,7 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <thread>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "allocator/device/driver.h"
@@ -47,11 +49,21 @@ struct PoolStats {
 
 // Which allocations a route sends to its pool.
 struct PoolRouteFilter {
-  enum class Kind { kStream, kCapture, kThread };
+  enum class Kind { kStream, kCapture, kThread, kPredicate };
   Kind kind = Kind::kThread;
   Stream stream = kDefaultStream;  // kStream: that stream
   std::uint64_t capture_id = 0;    // kCapture: any stream whose current capture has this id
   std::thread::id thread{};        // kThread: allocations made by this thread
+  // kPredicate: allocations on the streams for which it returns true. For callers whose rule is not one
+  // of the above: PyTorch hands its allocator an opaque std::function<bool(cudaStream_t)> before the
+  // capture it belongs to has begun. It is called with no allocator lock held, from whichever thread
+  // allocates, possibly from several at once; never after the route's End() has returned (so it may refer
+  // to objects that die then). It must not throw (an exception counts as false) nor end routes.
+  std::function<bool(Stream)> predicate{};
+  // The route puts the allocator in capture mode while it is open (see
+  // CachingAllocator::BeginAllocateToPool), whatever its kind; kCapture routes always do. For a route opened
+  // before its capture begins, so that nothing the capture forbids happens from its first moment on.
+  bool capture_mode = false;
 
   static PoolRouteFilter ForStream(Stream s) { return {.kind = Kind::kStream, .stream = s}; }
   // Filled from Driver::GetCaptureInfo(capturing_stream) when the route opens: every stream joined into
@@ -62,6 +74,10 @@ struct PoolRouteFilter {
   static PoolRouteFilter ForCallingThread() {
     return {.kind = Kind::kThread, .thread = std::this_thread::get_id()};
   }
+  static PoolRouteFilter ForPredicate(std::function<bool(Stream)> predicate, bool capture_mode) {
+    return {.kind = Kind::kPredicate, .predicate = std::move(predicate), .capture_mode = capture_mode};
+  }
+  bool IsCaptureRoute() const { return kind == Kind::kCapture || capture_mode; }
 };
 
 // A user of a private pool. Copying adds a user; destroying or Reset() drops one.

@@ -11,6 +11,7 @@
 #define GRAPHALLOC_ALLOCATOR_C_API_GRAPHALLOC_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,6 +67,73 @@ void graphalloc_torch_set_memory_fraction(double fraction, int device);
 /* Resets the peak values, or the accumulated counters, of the statistics of `device`. */
 int graphalloc_reset_peak_stats(int device);
 int graphalloc_reset_accumulated_stats(int device);
+/* ---- Private pools (allocator/private_pool.h): memory kept apart from the default cache, for CUDA graphs.
+ *
+ * A pool is named by its id on its device. The C ABI holds references ("users") on behalf of its callers:
+ * graphalloc_pool_create returns the pool with one, graphalloc_pool_retain adds one and
+ * graphalloc_pool_release drops one; a pool with no user, no graph pin and no live allocation returns its
+ * memory to the device and is gone. While a route is open, the allocations it matches go to its pool; routes
+ * nest and the innermost (latest opened) match wins. Route and pin handles are unique in the process. */
+
+typedef struct graphalloc_pool_options {
+  /* A default-pool allocation that would otherwise fail may take this pool's cached free blocks. */
+  int use_on_oom;
+  /* Blocks are never split: each allocation gets a segment of its own (memory registered whole elsewhere). */
+  int no_split;
+} graphalloc_pool_options;
+
+typedef struct graphalloc_pool_stats {
+  size_t reserved_bytes; /* device memory of the pool's segments */
+  size_t peak_reserved_bytes;
+  size_t allocated_bytes; /* bytes of its live allocations */
+  size_t peak_allocated_bytes;
+  size_t segments;
+  size_t live_blocks; /* live allocations, including frees deferred until a capture ends */
+  int use_count;      /* users, every caller's (C++ handles and open routes too), not only this ABI's */
+  int graph_pins;
+} graphalloc_pool_stats;
+
+/* Decides whether an allocation on `stream` goes to the route's pool (nonzero: yes). Called with no
+ * allocator lock held, from whichever thread allocates, maybe from several at once, never after
+ * graphalloc_end_route of its route has returned. It must not call graphalloc_end_route itself. */
+typedef int (*graphalloc_route_predicate)(void* context, graphalloc_stream stream);
+
+/* A new pool on `device` (options NULL: defaults); *pool receives its id, with one reference held. */
+int graphalloc_pool_create(int device, const graphalloc_pool_options* options, uint64_t* pool);
+/* One more reference to the live pool `pool` (INVALID_ARGUMENT once it is gone). */
+int graphalloc_pool_retain(int device, uint64_t pool);
+/* Drops one reference taken by graphalloc_pool_create or graphalloc_pool_retain. */
+int graphalloc_pool_release(int device, uint64_t pool);
+/* Route to `pool` every allocation on `stream`, until graphalloc_end_route(*route). */
+int graphalloc_begin_allocate_to_pool_for_stream(int device, uint64_t pool, graphalloc_stream stream,
+                                                 uint64_t* route);
+/* Route to `pool` every allocation on a stream of the capture that `capturing_stream` is in now (joined
+ * streams too), until graphalloc_end_route. FAILED_PRECONDITION if the stream is not capturing. While it is
+ * open the allocator is in capture mode (no event queries, cross-stream frees deferred, nothing freed to the
+ * device). */
+int graphalloc_begin_allocate_to_pool_for_capture(int device, uint64_t pool, graphalloc_stream capturing_stream,
+                                                  uint64_t* route);
+/* Route to `pool` every allocation made by the calling thread, until graphalloc_end_route. */
+int graphalloc_begin_allocate_to_pool_for_thread(int device, uint64_t pool, uint64_t* route);
+/* Route to `pool` the allocations on the streams for which predicate(context, stream) is nonzero, until
+ * graphalloc_end_route. capture_mode != 0 puts the allocator in capture mode while the route is open, for a
+ * route opened just before its capture begins (as PyTorch's CUDA graphs do). `context` must stay valid
+ * until graphalloc_end_route returns. */
+int graphalloc_begin_allocate_to_pool_if(int device, uint64_t pool, graphalloc_route_predicate predicate,
+                                         void* context, int capture_mode, uint64_t* route);
+/* Ends a route. When it was the last capture route, frees deferred during captures happen now; an error of
+ * theirs is returned, and the route has ended regardless. */
+int graphalloc_end_route(uint64_t route);
+/* The statistics of one pool. */
+int graphalloc_pool_get_stats(int device, uint64_t pool, graphalloc_pool_stats* stats);
+/* Returns the pool's cached free memory to the device (nothing while a graph pins it). FAILED_PRECONDITION
+ * during a capture. */
+int graphalloc_pool_empty_cache(int device, uint64_t pool);
+/* A graph that replays into `pool` exists: every byte of the pool stays reserved until
+ * graphalloc_pool_unpin(*pin), even when the pool has no user left. */
+int graphalloc_pool_pin_for_graph(int device, uint64_t pool, uint64_t* pin);
+int graphalloc_pool_unpin(uint64_t pin);
+
 /* The calling thread's last error message ("" if none); valid until the thread's next graphalloc call. */
 const char* graphalloc_last_error(void);
 

@@ -2,15 +2,16 @@
 // the message for graphalloc_last_error(). Nothing may escape as an exception.
 #include <cstdio>
 #include <cstring>
-#include <exception>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/c_api/c_api_internal.h"
 #include "allocator/c_api/graphalloc.h"
 #include "allocator/default_allocator.h"
 #include "allocator/snapshot/snapshot_json.h"
 
 namespace graphalloc {
+namespace c_api {
 namespace {
 
 thread_local std::string last_error;
@@ -34,22 +35,20 @@ int Code(const absl::Status& status) {
   }
 }
 
+}  // namespace
+
+std::string& LastError() { return last_error; }
+
 int Report(const absl::Status& status) {
   last_error = status.ok() ? std::string() : std::string(status.message());
   return Code(status);
 }
 
-// Runs `body` (returning absl::Status) with exceptions turned into an internal error.
-template <typename F>
-int Guarded(F body) {
-  try {
-    return Report(body());
-  } catch (const std::exception& e) {
-    return Report(absl::InternalError(std::string("graphalloc: unexpected exception: ") + e.what()));
-  } catch (...) {
-    return Report(absl::InternalError("graphalloc: unexpected exception"));
-  }
-}
+}  // namespace c_api
+
+namespace {
+
+using c_api::Guarded;
 
 DevicePtr ToDevice(const void* ptr) { return reinterpret_cast<DevicePtr>(ptr); }
 
@@ -80,7 +79,7 @@ Stream ToStream(graphalloc_stream stream) { return StreamFromNative(stream); }
 }  // namespace graphalloc
 
 using graphalloc::DefaultAllocator;
-using graphalloc::Guarded;
+using graphalloc::c_api::Guarded;
 
 extern "C" {
 
@@ -114,7 +113,7 @@ void* graphalloc_torch_malloc(size_t size, int device, graphalloc_stream stream)
 
 void graphalloc_torch_free(void* ptr, size_t /*size*/, int device, graphalloc_stream /*stream*/) {
   if (graphalloc_free(ptr, device) != GRAPHALLOC_OK) {
-    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::last_error.c_str());
+    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::c_api::LastError().c_str());
   }
 }
 
@@ -172,9 +171,9 @@ void graphalloc_torch_record_stream(void* ptr, graphalloc_stream stream) {
         [&] { return allocator->RecordStream(graphalloc::ToDevice(ptr), graphalloc::ToStream(stream)); });
   }
   if (code != GRAPHALLOC_OK) {
-    if (graphalloc::last_error.empty())
-      graphalloc::last_error = "graphalloc_torch_record_stream: no allocator exists yet";
-    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::last_error.c_str());
+    if (graphalloc::c_api::LastError().empty())
+      graphalloc::c_api::LastError() = "graphalloc_torch_record_stream: no allocator exists yet";
+    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::c_api::LastError().c_str());
   }
 }
 
@@ -202,17 +201,17 @@ void graphalloc_torch_empty_cache(void) {
     if (allocator == nullptr) continue;
     if (Guarded([&] { return allocator->EmptyCache(); }) != GRAPHALLOC_OK) {
       std::fprintf(stderr, "graphalloc: empty_cache on device %d: %s\n", device,
-                   graphalloc::last_error.c_str());
+                   graphalloc::c_api::LastError().c_str());
     }
   }
 }
 
 void graphalloc_torch_set_memory_fraction(double fraction, int device) {
   if (graphalloc_set_memory_fraction(fraction, device) != GRAPHALLOC_OK) {
-    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::last_error.c_str());
+    std::fprintf(stderr, "graphalloc: %s\n", graphalloc::c_api::LastError().c_str());
   }
 }
 
-const char* graphalloc_last_error(void) { return graphalloc::last_error.c_str(); }
+const char* graphalloc_last_error(void) { return graphalloc::c_api::LastError().c_str(); }
 
 }  // extern "C"

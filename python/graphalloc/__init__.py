@@ -23,7 +23,8 @@ from typing import List, Optional
 __all__ = [
     "GraphallocError", "library", "library_path", "cli_path", "has_function", "stats", "stats_json",
     "snapshot_json", "snapshot", "record_history", "empty_cache", "set_memory_fraction", "reset_peak_stats",
-    "reset_accumulated_stats", "record_stream", "malloc", "free", "last_error",
+    "reset_accumulated_stats", "record_stream", "malloc", "free", "last_error", "pool_create", "pool_retain",
+    "pool_release", "pool_stats", "pool_empty_cache", "allocate_to_pool",
 ]
 
 # graphalloc_status codes (allocator/c_api/graphalloc.h).
@@ -116,8 +117,22 @@ def library_path() -> str:
         "and set GRAPHALLOC_LIBRARY=/path/to/libgraphalloc.so. Looked at:\n  " + "\n  ".join(looked))
 
 
+class PoolOptions(ctypes.Structure):
+    """graphalloc_pool_options."""
+    _fields_ = [("use_on_oom", ctypes.c_int), ("no_split", ctypes.c_int)]
+
+
+class PoolStats(ctypes.Structure):
+    """graphalloc_pool_stats."""
+    _fields_ = [("reserved_bytes", ctypes.c_size_t), ("peak_reserved_bytes", ctypes.c_size_t),
+                ("allocated_bytes", ctypes.c_size_t), ("peak_allocated_bytes", ctypes.c_size_t),
+                ("segments", ctypes.c_size_t), ("live_blocks", ctypes.c_size_t), ("use_count", ctypes.c_int),
+                ("graph_pins", ctypes.c_int)]
+
+
 def _declare(lib: ctypes.CDLL) -> None:
     c_size_p = ctypes.POINTER(ctypes.c_size_t)
+    c_u64, c_u64_p = ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
     sigs = {
         "graphalloc_torch_malloc": (ctypes.c_void_p, [ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
         "graphalloc_torch_free": (None, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
@@ -136,6 +151,15 @@ def _declare(lib: ctypes.CDLL) -> None:
         "graphalloc_record_history": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t,
                                                      ctypes.c_int]),
         "graphalloc_torch_record_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+        "graphalloc_pool_create": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(PoolOptions), c_u64_p]),
+        "graphalloc_pool_retain": (ctypes.c_int, [ctypes.c_int, c_u64]),
+        "graphalloc_pool_release": (ctypes.c_int, [ctypes.c_int, c_u64]),
+        "graphalloc_begin_allocate_to_pool_for_stream": (ctypes.c_int, [ctypes.c_int, c_u64, ctypes.c_void_p,
+                                                                        c_u64_p]),
+        "graphalloc_begin_allocate_to_pool_for_thread": (ctypes.c_int, [ctypes.c_int, c_u64, c_u64_p]),
+        "graphalloc_end_route": (ctypes.c_int, [c_u64]),
+        "graphalloc_pool_get_stats": (ctypes.c_int, [ctypes.c_int, c_u64, ctypes.POINTER(PoolStats)]),
+        "graphalloc_pool_empty_cache": (ctypes.c_int, [ctypes.c_int, c_u64]),
     }
     for name, (restype, argtypes) in sigs.items():
         if hasattr(lib, name):
@@ -273,6 +297,71 @@ def malloc(size: int, device: int = 0, stream: int = 0) -> int:
 
 def free(ptr: int, device: int = 0) -> None:
     _check("graphalloc_free", library().graphalloc_free(ctypes.c_void_p(ptr), int(device)))
+
+
+# ---- private pools (allocator/c_api/graphalloc.h) ----
+
+def _pool_function(name: str):
+    lib = library()
+    if not hasattr(lib, name):
+        raise NotImplementedError(f"{_lib_path} does not export {name}: rebuild graphalloc_shared from a newer "
+                                  "checkout (private pools)")
+    return getattr(lib, name)
+
+
+def pool_create(device: int = 0, use_on_oom: bool = False, no_split: bool = False) -> int:
+    """A new private pool on `device`; returns its id, with one reference held (pool_release drops it)."""
+    out = ctypes.c_uint64(0)
+    options = PoolOptions(1 if use_on_oom else 0, 1 if no_split else 0)
+    _check("graphalloc_pool_create",
+           _pool_function("graphalloc_pool_create")(int(device), ctypes.byref(options), ctypes.byref(out)))
+    return out.value
+
+
+def pool_retain(pool: int, device: int = 0) -> None:
+    _check("graphalloc_pool_retain", _pool_function("graphalloc_pool_retain")(int(device), int(pool)))
+
+
+def pool_release(pool: int, device: int = 0) -> None:
+    _check("graphalloc_pool_release", _pool_function("graphalloc_pool_release")(int(device), int(pool)))
+
+
+def pool_stats(pool: int, device: int = 0) -> dict:
+    """The statistics of one private pool (graphalloc_pool_stats's fields) as a dict."""
+    out = PoolStats()
+    _check("graphalloc_pool_get_stats",
+           _pool_function("graphalloc_pool_get_stats")(int(device), int(pool), ctypes.byref(out)))
+    return {name: getattr(out, name) for name, _ in PoolStats._fields_}
+
+
+def pool_empty_cache(pool: int, device: int = 0) -> None:
+    _check("graphalloc_pool_empty_cache", _pool_function("graphalloc_pool_empty_cache")(int(device), int(pool)))
+
+
+class allocate_to_pool:  # noqa: N801 - used as a context manager, like torch.cuda.use_mem_pool
+    """``with allocate_to_pool(pool, device, stream=None):`` routes to `pool` the allocations made on `stream`
+    (a cudaStream_t as an int), or with stream=None those made by the calling thread, until the block ends."""
+
+    def __init__(self, pool: int, device: int = 0, stream: Optional[int] = None):
+        self.pool, self.device, self.stream = int(pool), int(device), stream
+        self.route: Optional[int] = None
+
+    def __enter__(self) -> "allocate_to_pool":
+        out = ctypes.c_uint64(0)
+        if self.stream is None:
+            name = "graphalloc_begin_allocate_to_pool_for_thread"
+            code = _pool_function(name)(self.device, self.pool, ctypes.byref(out))
+        else:
+            name = "graphalloc_begin_allocate_to_pool_for_stream"
+            code = _pool_function(name)(self.device, self.pool, ctypes.c_void_p(self.stream), ctypes.byref(out))
+        _check(name, code)
+        self.route = out.value
+        return self
+
+    def __exit__(self, *exc) -> None:
+        route, self.route = self.route, None
+        if route is not None:
+            _check("graphalloc_end_route", _pool_function("graphalloc_end_route")(route))
 
 
 def cli_path() -> Optional[str]:

@@ -20,13 +20,20 @@ What works:
   * snapshots: snapshot()/dump_snapshot() (graphalloc's JSON), export_torch() (PyTorch's memory_viz pickle,
     through the `graphalloc` CLI), when the library exports graphalloc_snapshot_json.
 
-What does not work (yet):
-  * CUDA graphs with private pools: torch.cuda.graph / make_graphed_callables / torch.compile(mode=
-    "reduce-overhead") need the pool hooks (set_begin_allocate_to_pool, set_end_allocate_to_pool_fn,
-    set_release_pool), which take C++ types (MempoolId_t, std::function) and need graphalloc's private pools
-    (issue 5). Not wired: see tests/torch/graph_capture_test.py for what happens today.
-  * torch.cuda.memory._snapshot()/_record_memory_history(), torch.cuda.MemPool with graphalloc: PyTorch's
-    pluggable allocator does not forward them. Use snapshot()/record_history() here instead.
+  * CUDA graphs (torch.cuda.graph, make_graphed_callables, CUDAGraph.capture_begin/end), when
+    libgraphalloc_torch.so (the C++ shim, built against this PyTorch: python/CMakeLists.txt) is found and this
+    PyTorch has the pool hooks: each capture allocates from a graphalloc private pool that stays reserved
+    while the graph lives, as with PyTorch's own allocator. Captures sharing a pool (pool=...) share one
+    graphalloc pool. graph_pool_stats(graph.pool()) shows it. Without the shim or the hooks, capture raises
+    GraphCaptureUnsupported saying why (it is never silently unsafe). hooks()['graph_pools'] says which.
+  * out of memory raises torch.cuda.OutOfMemoryError (with graphalloc's message) when the shim is loaded;
+    without it a failed allocation gives a tensor at address 0 (PyTorch never checks the pointer a pluggable
+    allocator returns; memory_stats()["num_ooms"] counts them). hooks()['oom'] says which.
+
+What does not work:
+  * torch.compile(mode="reduce-overhead") (CUDA graph trees), torch.cuda.MemPool / use_mem_pool,
+    torch.cuda.memory._snapshot()/_record_memory_history(): PyTorch's pluggable allocator does not forward
+    checkpoints, pool creation, snapshots or history (it raises). Use snapshot()/record_history() here.
   * install() after CUDA is initialised: PyTorch cannot swap an allocator that has handed out memory.
 """
 from __future__ import annotations
@@ -45,7 +52,8 @@ __all__ = [
     "install", "is_installed", "hooks", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "set_per_process_memory_fraction", "record_stream", "record_history",
-    "snapshot", "dump_snapshot", "export_torch", "config", "library_path",
+    "snapshot", "dump_snapshot", "export_torch", "config", "library_path", "graph_pool_id", "graph_pool_stats",
+    "open_capture_routes", "GraphCaptureUnsupported", "InstallError",
 ]
 
 _state_lock = threading.Lock()
@@ -132,10 +140,210 @@ def _wire_hooks(native) -> None:
     else:
         _hooks["memory_fraction"] = "unavailable in this PyTorch: call graphalloc.torch.set_per_process_memory_fraction()"
 
-    pool_hooks = [h for h in ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool")
-                  if hasattr(native, h)]
-    _hooks["graph_pools"] = ("not wired (needs graphalloc private pools, issue 5; PyTorch has "
-                             + (", ".join(pool_hooks) or "no pool hooks") + ")")
+
+
+# ---- libgraphalloc_torch.so: out-of-memory errors and CUDA graph pools (python/csrc/torch_shim.cc) ----
+
+_SHIM_NAMES = ("libgraphalloc_torch.so",)
+_POOL_SETTERS = (("set_begin_allocate_to_pool", "begin_allocate_to_pool"),
+                 ("set_end_allocate_to_pool_fn", "end_allocate_to_pool"),
+                 ("set_release_pool", "release_pool"))
+_shim: Optional[ctypes.CDLL] = None
+_shim_path: Optional[str] = None
+
+
+class GraphCaptureUnsupported(RuntimeError):
+    """A CUDA graph capture was refused: graphalloc cannot give it a private pool in this setup."""
+
+
+def _find_shim() -> "tuple[Optional[str], str]":
+    """(path of libgraphalloc_torch.so, "") or (None, why not). $GRAPHALLOC_TORCH_SHIM: a path, or off."""
+    env = os.environ.get("GRAPHALLOC_TORCH_SHIM")
+    if env is not None and env.strip().lower() in ("", "0", "off", "none", "false"):
+        return None, f"libgraphalloc_torch.so disabled by GRAPHALLOC_TORCH_SHIM={env!r}"
+    if env:
+        if os.path.isfile(env):
+            return os.path.realpath(env), ""
+        return None, f"GRAPHALLOC_TORCH_SHIM={env!r} names no file"
+    lib_dir = os.path.dirname(_ga.library_path())
+    here = os.path.dirname(os.path.abspath(__file__))
+    looked = []
+    for d in (lib_dir, here, os.path.join(here, os.pardir, "lib")):
+        for name in _SHIM_NAMES:
+            p = os.path.join(d, name)
+            looked.append(p)
+            if os.path.isfile(p):
+                return os.path.realpath(p), ""
+    return None, ("libgraphalloc_torch.so not found (it is built with the rest when python3 imports PyTorch: "
+                  "python/CMakeLists.txt; or set GRAPHALLOC_TORCH_SHIM). Looked at: " + ", ".join(looked))
+
+
+def _load_shim() -> "tuple[Optional[ctypes.CDLL], str]":
+    """Loads the shim after libgraphalloc.so (so that it binds to that very library: one set of allocators)."""
+    global _shim, _shim_path
+    if _shim is not None:
+        return _shim, ""
+    path, reason = _find_shim()
+    if path is None:
+        return None, reason
+    _ga.library()
+    try:
+        shim = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+    except OSError as e:
+        return None, f"cannot load {path}: {e}"
+    for name in ("graphalloc_torch_shim_malloc", "graphalloc_torch_shim_free", "graphalloc_torch_shim_hook"):
+        if not hasattr(shim, name):
+            return None, f"{path} does not export {name}: rebuild it from this checkout"
+    shim.graphalloc_torch_shim_hook.restype = ctypes.c_void_p
+    shim.graphalloc_torch_shim_hook.argtypes = [ctypes.c_char_p]
+    shim.graphalloc_torch_shim_pool_hooks_unavailable.restype = ctypes.c_char_p
+    shim.graphalloc_torch_shim_pool_hooks_unavailable.argtypes = []
+    ull, ull_p = ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_ulonglong)
+    shim.graphalloc_torch_shim_last_begun.restype = ctypes.c_int
+    shim.graphalloc_torch_shim_last_begun.argtypes = [ctypes.POINTER(ctypes.c_int), ull_p, ull_p]
+    shim.graphalloc_torch_shim_pool_of.restype = ctypes.c_int
+    shim.graphalloc_torch_shim_pool_of.argtypes = [ctypes.c_int, ull, ull, ctypes.POINTER(ctypes.c_uint64),
+                                                   ctypes.POINTER(ctypes.c_int)]
+    shim.graphalloc_torch_shim_abandon.restype = None
+    shim.graphalloc_torch_shim_abandon.argtypes = [ctypes.c_int, ull, ull, ctypes.c_int]
+    shim.graphalloc_torch_shim_open_routes.restype = ctypes.c_int
+    shim.graphalloc_torch_shim_open_routes.argtypes = []
+    _shim, _shim_path = shim, path
+    return shim, ""
+
+
+def _last_begun(shim) -> Optional[tuple]:
+    dev, first, second = ctypes.c_int(0), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)
+    if not shim.graphalloc_torch_shim_last_begun(ctypes.byref(dev), ctypes.byref(first), ctypes.byref(second)):
+        return None
+    return (dev.value, first.value, second.value)
+
+
+def _pool_of(shim, device: int, first: int, second: int) -> "tuple[Optional[int], bool]":
+    pool, route_open = ctypes.c_uint64(0), ctypes.c_int(0)
+    found = shim.graphalloc_torch_shim_pool_of(int(device), int(first), int(second), ctypes.byref(pool),
+                                               ctypes.byref(route_open))
+    return (pool.value if found else None), bool(route_open.value)
+
+
+def _wire_graph_pools(native, torch, shim, shim_reason: str) -> None:
+    """Sets PyTorch's pool hooks to the shim's; if that cannot be done, makes every capture raise why."""
+    missing = [setter for setter, _ in _POOL_SETTERS if not hasattr(native, setter)]
+    reason = ""
+    if shim is None:
+        reason = shim_reason
+    elif missing:
+        reason = (f"this PyTorch ({torch.__version__}) has no {', '.join(missing)} on its pluggable allocator, "
+                  "so it cannot tell an allocator which allocations belong to a graph")
+    else:
+        unavailable = shim.graphalloc_torch_shim_pool_hooks_unavailable()
+        if unavailable:
+            reason = f"{_shim_path} was built without the pool hooks: {unavailable.decode()}"
+    if not reason:
+        addresses = {setter: shim.graphalloc_torch_shim_hook(hook.encode()) for setter, hook in _POOL_SETTERS}
+        if not all(addresses.values()):
+            reason = f"{_shim_path} returned no address for some pool hook: {addresses}"
+        else:
+            for setter, address in addresses.items():
+                getattr(native, setter)(address)
+            _patch_capture_cleanup(torch, shim)
+            _hooks["graph_pools"] = (f"wired ({_shim_path}): each CUDA graph capture allocates from a graphalloc "
+                                     "private pool")
+            return
+    _refuse_captures(torch, reason)
+    _hooks["graph_pools"] = f"unsupported, captures raise GraphCaptureUnsupported: {reason}"
+
+
+def _refuse_captures(torch, reason: str) -> None:
+    """Makes CUDA graph capture raise GraphCaptureUnsupported: without a private pool, memory a graph uses
+    could be handed to other tensors once freed, and replays would silently overwrite them."""
+    message = ("graphalloc is PyTorch's CUDA allocator and cannot give this CUDA graph capture a private pool: "
+               f"{reason}. Capturing without one would let other tensors reuse the graph's memory. Build "
+               "libgraphalloc_torch.so against this PyTorch (python/README.md), or capture without graphalloc.")
+    graphs = torch.cuda.graphs
+
+    def capture_begin(self, *args, **kwargs):
+        raise GraphCaptureUnsupported(message)
+
+    def enter(self, *args, **kwargs):
+        # Refuse before torch.cuda.graph switches the current stream, which its __exit__ would not undo.
+        raise GraphCaptureUnsupported(message)
+
+    graphs.CUDAGraph.capture_begin = capture_begin
+    graphs.graph.__enter__ = enter
+
+
+def _patch_capture_cleanup(torch, shim) -> None:
+    """Ends the route of a capture that failed before PyTorch ended it.
+
+    CUDAGraph.capture_end raises when cudaStreamEndCapture fails (an invalidated capture) before it calls
+    endAllocateToPool, and a capture_begin that fails after opening the route never gets a capture_end.
+    Left open, the route would keep graphalloc in capture mode for good (no event queries, no cache release).
+    The reference the route's beginAllocateToPool took is dropped too when PyTorch will never release it:
+    graph.pool() raises exactly when the capture did not end (then CUDAGraph.reset skips releasePool)."""
+    graph_class = torch.cuda.graphs.CUDAGraph
+    original_begin, original_end = graph_class.capture_begin, graph_class.capture_end
+    keys: Dict[int, tuple] = {}
+
+    def abandon(key: tuple, release: bool) -> None:
+        device, first, second = key
+        shim.graphalloc_torch_shim_abandon(device, first, second, 1 if release else 0)
+
+    def capture_begin(self, *args, **kwargs):
+        routes_before = shim.graphalloc_torch_shim_open_routes()
+        try:
+            original_begin(self, *args, **kwargs)
+        except BaseException:
+            if shim.graphalloc_torch_shim_open_routes() > routes_before:
+                key = _last_begun(shim)
+                if key is not None:
+                    abandon(key, release=True)  # the capture never began: PyTorch never releases
+            raise
+        key = _last_begun(shim)
+        if key is not None:
+            keys[id(self)] = key
+
+    def capture_end(self, *args, **kwargs):
+        key = keys.pop(id(self), None)
+        try:
+            return original_end(self, *args, **kwargs)
+        except BaseException:
+            if key is not None:
+                try:
+                    self.pool()
+                    ended = True
+                except Exception:  # noqa: BLE001 - "without a preceding successful capture"
+                    ended = False
+                _, route_open = _pool_of(shim, *key)
+                if route_open or not ended:
+                    abandon(key, release=not ended)
+            raise
+
+    graph_class.capture_begin = capture_begin
+    graph_class.capture_end = capture_end
+
+
+def graph_pool_id(pool, device=None) -> Optional[int]:
+    """The id of the graphalloc private pool behind a PyTorch pool id (CUDAGraph.pool(),
+    torch.cuda.graph_pool_handle()), for graphalloc.pool_stats(); None while PyTorch holds no reference to
+    it (never captured into, or every graph of it released: the graphalloc pool then goes as soon as its
+    last tensor does)."""
+    if _shim is None:
+        return None
+    first, second = (int(x) for x in pool)
+    ga_pool, _ = _pool_of(_shim, _device_index(device), first, second)
+    return ga_pool
+
+
+def graph_pool_stats(pool, device=None) -> Optional[Dict[str, int]]:
+    """graphalloc's statistics of the private pool behind a PyTorch pool id, or None (see graph_pool_id)."""
+    ga_pool = graph_pool_id(pool, device)
+    return None if ga_pool is None else _ga.pool_stats(ga_pool, _device_index(device))
+
+
+def open_capture_routes() -> int:
+    """Routes of CUDA graph captures now open (0 outside captures; more means a capture leaked its route)."""
+    return _shim.graphalloc_torch_shim_open_routes() if _shim is not None else 0
 
 
 def _nested(flat: Dict[str, int]) -> Dict[str, Any]:
@@ -179,8 +387,12 @@ def install(device: Union[int, str, None, Any] = None, config: Optional[str] = N
     `device` is the device the functions of this module use when theirs is None (default: the current
     one); graphalloc serves every device either way. With patch_torch, torch.cuda.memory_stats() and the
     functions built on it report graphalloc's statistics. hooks=False leaves the pluggable allocator's extra
-    hooks (record_stream, empty_cache, memory fraction) unset. Calling install() again returns the same
-    allocator.
+    hooks (record_stream, empty_cache, memory fraction, CUDA graph pools) unset; CUDA graph capture then
+    raises GraphCaptureUnsupported. When libgraphalloc_torch.so is found (beside libgraphalloc.so, or
+    $GRAPHALLOC_TORCH_SHIM; "off" disables it) its malloc serves PyTorch, so that out of memory raises
+    torch.cuda.OutOfMemoryError, and its pool hooks give each CUDA graph capture a graphalloc private pool;
+    without it, or without PyTorch's pool hooks, captures raise GraphCaptureUnsupported with the reason.
+    hooks() tells what was wired. Calling install() again returns the same allocator.
     """
     global _allocator, _default_device
     import torch
@@ -205,10 +417,23 @@ def install(device: Union[int, str, None, Any] = None, config: Optional[str] = N
             raise InstallError("GRAPHALLOC_DEVICE=sim: the simulated device cannot back PyTorch tensors")
         path = _ga.library_path()
         _ga.library()  # load it (same path: PyTorch's ctypes.CDLL gets the same handle)
-        allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "graphalloc_torch_malloc",
-                                                             "graphalloc_torch_free")
+        shim, shim_reason = _load_shim()
+        if shim is not None:
+            # The shim's malloc raises torch.cuda.OutOfMemoryError; its free is graphalloc_torch_free.
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(_shim_path, "graphalloc_torch_shim_malloc",
+                                                                 "graphalloc_torch_shim_free")
+            _hooks["oom"] = f"raises torch.cuda.OutOfMemoryError ({_shim_path})"
+        else:
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "graphalloc_torch_malloc",
+                                                                 "graphalloc_torch_free")
+            _hooks["oom"] = (f"NOT raised ({shim_reason}): a failed allocation gives a tensor at address 0; "
+                             "memory_stats()['num_ooms'] counts them")
         if hooks:
             _wire_hooks(allocator.allocator())
+            _wire_graph_pools(allocator.allocator(), torch, shim, shim_reason)
+        else:
+            _refuse_captures(torch, "install(hooks=False) leaves PyTorch's pool hooks unset")
+            _hooks["graph_pools"] = "unsupported, captures raise GraphCaptureUnsupported: install(hooks=False)"
         try:
             torch.cuda.memory.change_current_allocator(allocator)
         except RuntimeError as e:

@@ -17,9 +17,8 @@ class CApiTest : public ::testing::Test {
  protected:
   void SetUp() override {
     // The default allocators follow GRAPHALLOC_DEVICE; run them on the device under test.
-    ::setenv("GRAPHALLOC_DEVICE", testing::TestDeviceKind().c_str(), 1);
     std::string skip;
-    if (testing::MakeTestDriver(&skip) == nullptr) GTEST_SKIP() << skip;
+    if (testing::DefaultAllocatorDriver(&skip) == nullptr) GTEST_SKIP() << skip;
   }
 };
 

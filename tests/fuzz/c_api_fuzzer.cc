@@ -1,9 +1,10 @@
 // libFuzzer target: the C ABI (graphalloc.h) driven by a byte stream of operations on the simulated device
-// (GRAPHALLOC_DEVICE=sim): malloc, free, record_stream, empty_cache, stats_json, set_memory_fraction and
-// the stats resets, with sizes from 0 to SIZE_MAX, devices in and out of range, streams real and bogus, and
-// pointers live, freed, interior or random. The harness keeps its own map of live blocks and checks every
-// return code against it: a call succeeds exactly when it should, a failure returns a documented code with
-// a message, blocks never overlap, their contents survive, and nothing crashes.
+// (GRAPHALLOC_DEVICE=sim): malloc, free, record_stream, empty_cache, stats_json, set_memory_fraction, the
+// stats resets and private pools (create, retain, release, routes by thread and stream, pins, stats, cache),
+// with sizes from 0 to SIZE_MAX, devices in and out of range, streams real and bogus, and pointers live,
+// freed, interior or random. The harness keeps its own map of live blocks and checks every return code
+// against it: a call succeeds exactly when it should, a failure returns a documented code with a message,
+// blocks never overlap, their contents survive, and nothing crashes.
 //
 // The default allocators are process-wide and outlive each input: every input ends by freeing what it
 // allocated and restoring the memory fraction, so inputs stay independent. The harness creates no stream,
@@ -341,6 +342,150 @@ void ResetStats(Input& in) {
   if ((code == GRAPHALLOC_OK) != ValidDevice(device)) Fail("reset stats", code, device);
 }
 
+// ---- Private pools: the harness's model holds the references, routes and pins it took. ----
+
+struct ModelPool {
+  int device = 0;
+  std::uint64_t id = 0;
+  int references = 0;  // taken through graphalloc_pool_create / graphalloc_pool_retain, not yet released
+};
+std::vector<ModelPool>& Pools() {
+  static auto* pools = new std::vector<ModelPool>();
+  return *pools;
+}
+std::vector<std::uint64_t>& Routes() {  // open routes, innermost last
+  static auto* routes = new std::vector<std::uint64_t>();
+  return *routes;
+}
+std::vector<std::uint64_t>& Pins() {
+  static auto* pins = new std::vector<std::uint64_t>();
+  return *pins;
+}
+
+// Ids no pool, route or pin ever gets in a fuzzing run (they count from 1).
+std::uint64_t BogusId(Input& in) { return (std::uint64_t{1} << 40) + in.Byte(); }
+
+// A pool the model holds a reference to, or nullptr.
+ModelPool* PickPool(Input& in) {
+  if (Pools().empty()) return nullptr;
+  return &Pools()[in.Byte() % Pools().size()];
+}
+
+void PoolCreate(Input& in) {
+  const int device = PickDevice(in);
+  graphalloc_pool_options options{in.Byte() % 2, in.Byte() % 2};
+  std::uint64_t pool = 7;
+  const int code = graphalloc_pool_create(device, in.Byte() % 4 == 0 ? nullptr : &options, &pool);
+  CheckCode(code, "graphalloc_pool_create");
+  if ((code == GRAPHALLOC_OK) != ValidDevice(device)) Fail("pool_create", code, device);
+  if (code != GRAPHALLOC_OK) {
+    if (pool != 0) Fail("failed pool_create left *pool set");
+    return;
+  }
+  if (pool == 0) Fail("pool_create returned the default pool");
+  Pools().push_back(ModelPool{device, pool, 1});
+}
+
+void PoolReference(Input& in) {
+  ModelPool* pool = PickPool(in);
+  const bool retain = in.Byte() % 2 == 0;
+  if (pool == nullptr || in.Byte() % 4 == 0) {  // a pool that does not exist
+    const std::uint64_t bogus = BogusId(in);
+    const int code = retain ? graphalloc_pool_retain(0, bogus) : graphalloc_pool_release(0, bogus);
+    CheckCode(code, "graphalloc_pool_retain/release");
+    if (code != GRAPHALLOC_INVALID_ARGUMENT) Fail("retain/release of a bogus pool", code);
+    return;
+  }
+  const int code = retain ? graphalloc_pool_retain(pool->device, pool->id)
+                          : graphalloc_pool_release(pool->device, pool->id);
+  CheckCode(code, "graphalloc_pool_retain/release");
+  if (code != GRAPHALLOC_OK) Fail("retain/release of a held pool", code);
+  pool->references += retain ? 1 : -1;
+  if (pool->references == 0) Pools().erase(Pools().begin() + (pool - Pools().data()));
+}
+
+void PoolRoute(Input& in) {
+  if (!Routes().empty() && in.Byte() % 2 == 0) {  // end the innermost route, or a bogus one
+    const bool bogus = in.Byte() % 4 == 0;
+    const std::uint64_t route = bogus ? BogusId(in) : Routes().back();
+    const int code = graphalloc_end_route(route);
+    CheckCode(code, "graphalloc_end_route");
+    if (code != (bogus ? GRAPHALLOC_INVALID_ARGUMENT : GRAPHALLOC_OK)) Fail("end_route", code);
+    if (!bogus) Routes().pop_back();
+    return;
+  }
+  ModelPool* pool = PickPool(in);
+  std::uint64_t route = 0;
+  int code;
+  const graphalloc_stream stream = PickStream(in);
+  if (pool == nullptr) {
+    code = graphalloc_begin_allocate_to_pool_for_thread(0, BogusId(in), &route);
+    CheckCode(code, "graphalloc_begin_allocate_to_pool_for_thread");
+    if (code != GRAPHALLOC_INVALID_ARGUMENT) Fail("route to a bogus pool", code);
+    return;
+  }
+  code = in.Byte() % 2 ? graphalloc_begin_allocate_to_pool_for_thread(pool->device, pool->id, &route)
+                       : graphalloc_begin_allocate_to_pool_for_stream(pool->device, pool->id, stream, &route);
+  CheckCode(code, "graphalloc_begin_allocate_to_pool_*");
+  if (code != GRAPHALLOC_OK || route == 0) Fail("route to a held pool", code);
+  Routes().push_back(route);
+}
+
+void PoolPinStatsCache(Input& in) {
+  ModelPool* pool = PickPool(in);
+  const std::uint8_t kind = in.Byte() % 4;
+  if (kind == 0 && !Pins().empty()) {
+    const int code = graphalloc_pool_unpin(Pins().back());
+    CheckCode(code, "graphalloc_pool_unpin");
+    if (code != GRAPHALLOC_OK) Fail("unpin of a held pin", code);
+    Pins().pop_back();
+    return;
+  }
+  if (pool == nullptr) {
+    graphalloc_pool_stats stats;
+    const int code = graphalloc_pool_get_stats(0, BogusId(in), &stats);
+    CheckCode(code, "graphalloc_pool_get_stats");
+    if (code != GRAPHALLOC_INVALID_ARGUMENT) Fail("stats of a bogus pool", code);
+    return;
+  }
+  if (kind == 1) {
+    std::uint64_t pin = 0;
+    const int code = graphalloc_pool_pin_for_graph(pool->device, pool->id, &pin);
+    CheckCode(code, "graphalloc_pool_pin_for_graph");
+    if (code != GRAPHALLOC_OK || pin == 0) Fail("pin of a held pool", code);
+    Pins().push_back(pin);
+  } else if (kind == 2) {
+    const int code = graphalloc_pool_empty_cache(pool->device, pool->id);
+    CheckCode(code, "graphalloc_pool_empty_cache");
+    if (code != GRAPHALLOC_OK) Fail("empty_cache of a held pool", code);
+  } else {
+    graphalloc_pool_stats stats;
+    const int code = graphalloc_pool_get_stats(pool->device, pool->id, &stats);
+    CheckCode(code, "graphalloc_pool_get_stats");
+    if (code != GRAPHALLOC_OK) Fail("stats of a held pool", code);
+    if (stats.use_count < pool->references) Fail("use_count below the references held", stats.use_count);
+    if (stats.allocated_bytes > stats.reserved_bytes) Fail("pool allocated more than it reserved");
+  }
+}
+
+// Routes, pins and references go before the input ends (blocks still in their pools go with the frees).
+void ReleasePools() {
+  while (!Routes().empty()) {
+    if (graphalloc_end_route(Routes().back()) != GRAPHALLOC_OK) Fail("ending a route");
+    Routes().pop_back();
+  }
+  for (std::uint64_t pin : Pins()) {
+    if (graphalloc_pool_unpin(pin) != GRAPHALLOC_OK) Fail("unpinning");
+  }
+  Pins().clear();
+  for (const ModelPool& pool : Pools()) {
+    for (int i = 0; i < pool.references; ++i) {
+      if (graphalloc_pool_release(pool.device, pool.id) != GRAPHALLOC_OK) Fail("releasing a pool");
+    }
+  }
+  Pools().clear();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
@@ -352,7 +497,7 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Input in(data, size);
   for (int op = 0; op < 256 && !in.Done(); ++op) {
-    switch (in.Byte() % 12) {
+    switch (in.Byte() % 16) {
       case 0:
       case 1:
       case 2:
@@ -382,12 +527,25 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 10:
         StatsJson(in);
         break;
-      default:
+      case 11:
         ResetStats(in);
+        break;
+      case 12:
+        PoolCreate(in);
+        break;
+      case 13:
+        PoolReference(in);
+        break;
+      case 14:
+        PoolRoute(in);
+        break;
+      default:
+        PoolPinStatsCache(in);
         break;
     }
   }
-  // Leave the process as the next input expects it: nothing live, no cap.
+  // Leave the process as the next input expects it: no pool held, nothing live, no cap.
+  ReleasePools();
   while (!Live().empty()) {
     const std::uintptr_t p = Live().begin()->first;
     FreeLive(p, false);

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "allocator/default_allocator.h"
 #include "allocator/device/cuda_driver.h"
 
 namespace graphalloc::testing {
@@ -33,6 +34,17 @@ std::shared_ptr<Driver> MakeTestDriver(std::string* skip_reason, SimDriverOption
   }
   *skip_reason = "GRAPHALLOC_TEST_DEVICE must be 'sim' or 'cuda', not '" + kind + "'";
   return nullptr;
+}
+
+Driver* DefaultAllocatorDriver(std::string* skip_reason) {
+  ::setenv("GRAPHALLOC_DEVICE", TestDeviceKind().c_str(), 1);
+  if (MakeTestDriver(skip_reason) == nullptr) return nullptr;
+  absl::StatusOr<CachingAllocator*> allocator = DefaultAllocator(0);
+  if (!allocator.ok()) {
+    *skip_reason = "the default allocator of device 0: " + std::string(allocator.status().message());
+    return nullptr;
+  }
+  return &(*allocator)->driver();
 }
 
 SimDriver* AsSim(Driver* driver) {

@@ -20,6 +20,11 @@ bool OnSimulatedDevice();
 // callers GTEST_SKIP() with it. `sim_options` applies to the simulated device only.
 std::shared_ptr<Driver> MakeTestDriver(std::string* skip_reason, SimDriverOptions sim_options = {});
 
+// For tests of the process-wide allocators (the C ABI's): points GRAPHALLOC_DEVICE at the device under test
+// and returns the driver of device 0's default allocator, or nullptr with *skip_reason set (callers
+// GTEST_SKIP() with it) when that device is unavailable.
+Driver* DefaultAllocatorDriver(std::string* skip_reason);
+
 // The driver cast to SimDriver, or nullptr on the real device (for tests that need fault injection or
 // manual event completion).
 SimDriver* AsSim(Driver* driver);

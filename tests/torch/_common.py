@@ -63,3 +63,13 @@ def out_dir(name: str) -> Path:
         return p
     import tempfile
     return Path(tempfile.mkdtemp(prefix=f"graphalloc_{name}_"))
+
+
+def install_graphalloc():
+    """graphalloc.torch.install(), then CUDA started in PyTorch; returns (graphalloc.torch, torch)."""
+    import graphalloc.torch as gat
+    gat.install()
+    import torch
+    torch.cuda.init()
+    print("hooks:", gat.hooks(), flush=True)
+    return gat, torch

@@ -14,12 +14,7 @@ MiB = 1 << 20
 class StatsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        import graphalloc.torch as gat
-        gat.install()
-        import torch
-        torch.cuda.init()
-        cls.gat, cls.torch = gat, torch
-        print("hooks:", gat.hooks(), flush=True)
+        cls.gat, cls.torch = _common.install_graphalloc()
 
     def test_hooks_wired(self):
         h = self.gat.hooks()
