@@ -105,14 +105,10 @@ class StatsTest(unittest.TestCase):
         self.assertIn("usable after 1024.0", r.stdout)
         self.assertEqual(r.returncode, 0)
 
-    @unittest.expectedFailure
     def test_oom_raises_in_python(self):
-        # KNOWN GAP: PyTorch's CUDAPluggableAllocator does not check the pointer its alloc function returns
-        # (CUDAPluggableAllocator::malloc stores and returns it): when graphalloc_torch_malloc returns NULL
-        # (out of memory, over the fraction), torch.empty returns a tensor whose data_ptr() is 0 instead of
-        # raising torch.OutOfMemoryError. Seen on the H100 with PyTorch 2.11. Fixing it needs an alloc
-        # function that throws c10::OutOfMemoryError (a shim built against PyTorch's headers) or a PyTorch
-        # change; until then keep memory headroom, or check graphalloc.torch.memory_stats()["num_ooms"].
+        # PyTorch's CUDAPluggableAllocator does not check the pointer its alloc function returns, so the
+        # C++ shim (libgraphalloc_torch.so, python/csrc/torch_shim.cc) throws torch.cuda.OutOfMemoryError
+        # itself; graphalloc.torch.install() uses it whenever it was built.
         r = self.fraction_child()
         self.assertIn("OUTCOME raised", r.stdout)
 
