@@ -8,8 +8,16 @@
 # The sanitizer builds skip benchmarks and CUDA kernels (which need a GPU to run). The `gpu`-labelled
 # entries, which need a real GPU, are excluded (see README "Testing on a GPU").
 #
+# CI has two cores and compiling is most of the time, so every build keeps only line tables for its debug
+# information (-g1: symbolized stack traces and sanitizer reports with file:line, at about a quarter less
+# compile time than -g). Under the sanitizers, which run the same code 5-50x slower to check memory and
+# races rather than more states, randomized tests run GRAPHALLOC_TEST_SCALE of their operations (the
+# stress tests read it; the normal build keeps every count an issue asks for). Each stage prints its wall
+# and CPU time and its slowest tests.
+#
 #   GRAPHALLOC_TEST_STAGES  which stages, in order (default "normal asan tsan fuzz")
 #   GRAPHALLOC_BUILD_DIR    the normal build directory (default build-test; the others get -asan, -tsan)
+#   GRAPHALLOC_SANITIZER_TEST_SCALE  GRAPHALLOC_TEST_SCALE for the sanitizer stages (default 0.25)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -24,34 +32,52 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
 
 configure_and_test() {  # name build_dir ctest_exclude_regex cmake_args...
-  local name=$1 dir=$2 exclude=$3
+  local name=$1 dir=$2 exclude=$3 rc=0
   shift 3
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAPHALLOC_WERROR=ON "$@" >/dev/null &&
-    cmake --build "$dir" -j "$jobs" &&
-    ctest --test-dir "$dir" -LE "$exclude" --output-on-failure -j "$jobs"
+    cmake --build "$dir" -j "$jobs" || return
+  ctest --test-dir "$dir" -LE "$exclude" --output-on-failure -j "$jobs" | tee "$dir/ctest.log" || rc=$?
+  echo "== $name: slowest tests"
+  sed -nE 's/^.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 s  \1/p' "$dir/ctest.log" | sort -rn | head -n 5
+  return "$rc"
 }
 
+# Sets `cpu` to the CPU seconds (user + system) this script's finished children have used so far. `times`
+# must run in this shell, not in a $(...) subshell, which has no children of its own.
+times_file=$(mktemp)
+trap 'rm -f "$times_file"' EXIT
+cpu_now() {
+  times >"$times_file"  # last line "XmY.YYYs XmY.YYYs": the children's user and system time
+  cpu=$(tail -n 1 "$times_file" | awk '{ s = 0; for (i = 1; i <= 2; ++i) { split($i, a, "m"); s += a[1] * 60 + a[2] }
+                                         printf "%d", s }')
+}
+
+# The normal build: -O2 as released, with line tables only.
+normal_build=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
 # Sanitizer builds: -O1 with line tables only (enough for symbolized reports, and much faster to build on
 # CI's two cores), assertions on; no benchmarks, no CUDA kernels; the install test runs in the normal build.
 sanitizer_build=(-DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_ENABLE_CUDA=OFF
                  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1")
+sanitizer_scale=${GRAPHALLOC_SANITIZER_TEST_SCALE:-0.25}
 
 # Every stage runs even when an earlier one failed, so that one CI log shows every failure.
-times=()
+summary=()
 failed=()
 for stage in "${stages[@]}"; do
   start=$SECONDS
+  cpu_now
+  cpu_start=$cpu
   echo "==== test stage: $stage"
   rc=0
   case "$stage" in
     normal)
-      configure_and_test normal "$build" gpu || rc=$? ;;
+      configure_and_test normal "$build" gpu "${normal_build[@]}" || rc=$? ;;
     asan)
-      configure_and_test asan "$build-asan" "gpu|install" -DGRAPHALLOC_SANITIZE=address,undefined \
-        "${sanitizer_build[@]}" || rc=$? ;;
+      GRAPHALLOC_TEST_SCALE=$sanitizer_scale configure_and_test asan "$build-asan" "gpu|install" \
+        -DGRAPHALLOC_SANITIZE=address,undefined "${sanitizer_build[@]}" || rc=$? ;;
     tsan)
-      configure_and_test tsan "$build-tsan" "gpu|install" -DGRAPHALLOC_SANITIZE=thread \
-        "${sanitizer_build[@]}" || rc=$? ;;
+      GRAPHALLOC_TEST_SCALE=$sanitizer_scale configure_and_test tsan "$build-tsan" "gpu|install" \
+        -DGRAPHALLOC_SANITIZE=thread "${sanitizer_build[@]}" || rc=$? ;;
     fuzz)
       GRAPHALLOC_FUZZ_BUILD_DIR="$build-fuzz" scripts/fuzz.sh || rc=$? ;;
     *)
@@ -59,9 +85,10 @@ for stage in "${stages[@]}"; do
       exit 2 ;;
   esac
   [ "$rc" -eq 0 ] || failed+=("$stage")
-  times+=("$stage $((SECONDS - start))s$([ "$rc" -eq 0 ] || echo ' FAILED')")
+  cpu_now
+  summary+=("$stage $((SECONDS - start))s (cpu $((cpu - cpu_start))s)$([ "$rc" -eq 0 ] || echo ' FAILED')")
 done
-echo "==== test stages: ${times[*]}"
+echo "==== test stages: ${summary[*]}"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "==== FAILED: ${failed[*]}"
   exit 1
