@@ -179,7 +179,8 @@ TEST_F(GraphTreeTest, FullSiteUpdatesAnExecutableInPlaceInsteadOfReRecording) {
     ASSERT_OK_AND_ASSIGN(Outputs out, tree_->Call(f, {x, w[call % 2]}, caller_));
     EXPECT_EQ(Read(out[0]), AffineRef(2.0f, Values(1), Values(2 + call % 2))) << "call " << call;
   }
-  const TreeDumpSite* site = Site(tree_->Dump(), 0, f);
+  const TreeDump d = tree_->Dump();
+  const TreeDumpSite* site = Site(d, 0, f);
   ASSERT_NE(site, nullptr);
   EXPECT_EQ(site->recordings, 2u);
   EXPECT_EQ(site->executables, 1u);
