@@ -164,6 +164,8 @@ class GraphTree {
   absl::StatusOr<std::vector<OutputSpec>> ClassifyOutputs(const Function& fn, std::span<const CallInput> inputs,
                                                           std::span<const BufferView> seen,
                                                           std::span<const BufferView> produced) const;
+  // The pool's layout now, once blocks waiting on stream events have settled.
+  absl::StatusOr<PoolCheckpoint> CheckpointPool();
   // Makes the pool's layout what it was right after `parent` was recorded (empty for a root), minus the
   // outputs that died since.
   absl::Status PreparePoolFor(const TreeNode* parent);

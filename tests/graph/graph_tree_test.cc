@@ -265,6 +265,44 @@ TEST_F(GraphTreeTest, BranchThatGrewThePoolStillReplaysAfterItsParentsCheckpoint
   ExpectInvariants();
 }
 
+TEST_F(GraphTreeTest, FunctionForkingWorkToASideStreamRecordsAndReplays) {
+  // The temporary is used on a side stream joined into the capture and freed while capturing: the
+  // allocator defers that free until the capture ends, and the tree waits for its event before it takes the
+  // recording's checkpoint.
+  const Stream side = NewStream();
+  ASSERT_OK_AND_ASSIGN(const Event fork, driver_->EventCreate());
+  ASSERT_OK_AND_ASSIGN(const Event join, driver_->EventCreate());
+  TreeFunction forked = [&](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
+    const std::size_t n = in[0].bytes / sizeof(float);
+    GA_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
+    GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
+    GA_RETURN_IF_ERROR(driver_->EventRecord(fork, s));
+    GA_RETURN_IF_ERROR(driver_->StreamWaitEvent(side, fork));
+    GA_RETURN_IF_ERROR(ScaleF32(*driver_, side, tmp, in[0].ptr, n, 2.0f));
+    GA_RETURN_IF_ERROR(allocator_->RecordStream(tmp, side));
+    GA_RETURN_IF_ERROR(driver_->EventRecord(join, side));
+    GA_RETURN_IF_ERROR(driver_->StreamWaitEvent(s, join));
+    GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, tmp, in[1].ptr, n));
+    GA_RETURN_IF_ERROR(allocator_->Free(tmp));
+    return std::vector<BufferView>{{y, in[0].bytes}};
+  };
+  const FunctionId f = Register(forked, "forked", {1});
+  const BufferView x = Upload(Values(1));
+  const BufferView w = Upload(Values(2));
+  for (int call = 0; call < 4; ++call) {
+    Overwrite(x.ptr, Values(call));
+    absl::StatusOr<Outputs> out = tree_->Call(f, {x, w}, caller_);
+    ASSERT_TRUE(out.ok()) << "call " << call << ": " << out.status();
+    EXPECT_EQ(Read((*out)[0]), AffineRef(2.0f, Values(call), Values(2))) << "call " << call;
+  }
+  EXPECT_EQ(tree_->Dump().counters.recordings, 1u);
+  EXPECT_EQ(tree_->Dump().counters.replays, 2u);
+  ASSERT_OK(driver_->DeviceSynchronize());
+  tree_.reset();
+  ASSERT_OK(driver_->EventDestroy(fork));
+  ASSERT_OK(driver_->EventDestroy(join));
+}
+
 TEST_F(GraphTreeTest, ForwardsThenBackwardsInReverseOrderBecomeOnePath) {
   const FunctionId fwd1 = Register(Affine(2.0f), "fwd1", {1});
   const FunctionId fwd2 = Register(Affine(3.0f), "fwd2", {1});
