@@ -118,7 +118,8 @@ void GraphTree::EndStep() {
 CallSite& GraphTree::SiteFor(TreeNode* parent, FunctionId function) {
   auto& sites = parent == nullptr ? roots_ : parent->children;
   std::unique_ptr<CallSite>& site = sites[function];
-  if (site == nullptr) site = std::make_unique<CallSite>(driver_, options_.executables_per_site, parent, function);
+  if (site == nullptr) site = std::make_unique<CallSite>(driver_, options_.executables_per_site,
+                                                      options_.update_executables_first, parent, function);
   return *site;
 }
 

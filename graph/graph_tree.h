@@ -59,9 +59,11 @@ struct TreeOptions {
   // Re-records allowed per (parent node, function) after the first recording there; past that, calls
   // there run eagerly. PyTorch's cudagraph_max_recording default.
   int max_recordings = 5;
-  // Executables per (parent node, function); recordings beyond it share them by in-place update
-  // (site_executables.h).
+  // Executables per (parent node, function), and whether a re-record first tries to update an existing
+  // one in place (cuGraphExecUpdate, ~5% of an instantiation) before instantiating anew
+  // (site_executables.h says which one it takes).
   std::size_t executables_per_site = 2;
+  bool update_executables_first = true;
   CaptureOptions capture;
   // Calling the function at the root of the current step again begins a new step. Turn off when the
   // root function legitimately runs twice in a step (a reused layer) and call BeginStep() instead.

@@ -163,9 +163,34 @@ TEST_F(GraphTreeTest, AlternatingStaticAddressesFindTheirRecordingsAgainWithoutR
   const TreeDumpSite* site = Site(d, 0, f);
   ASSERT_NE(site, nullptr);
   EXPECT_EQ(site->rerecords, 1);
-  EXPECT_EQ(site->executable_counters.updates, 0u);  // two recordings, two executables
+  // The re-record updated w0's executable in place; w0's next replay got one of its own again, and from
+  // then on the two never trade.
+  EXPECT_EQ(site->executable_counters.updates, 1u);
+  EXPECT_EQ(site->executable_counters.instantiations, 2u);
+  EXPECT_EQ(site->executables, 2u);
   EXPECT_EQ(d.nodes[0].replays, 5u);
   EXPECT_EQ(d.nodes[1].replays, 5u);
+}
+
+TEST_F(GraphTreeTest, ReRecordUpdatesTheExistingExecutableInPlaceBeforeInstantiating) {
+  const FunctionId f = Register(Affine(2.0f), "affine", {1}, /*warmup_calls=*/0);
+  const BufferView x = Upload(Values(1));
+  // A parameter that moves for good, three times: each re-record updates the one executable in place.
+  for (int k = 0; k < 4; ++k) {
+    const BufferView w = Upload(Values(40 + k));
+    for (int call = 0; call < 2; ++call) {
+      ASSERT_OK_AND_ASSIGN(Outputs out, tree_->Call(f, {x, w}, caller_));
+      EXPECT_EQ(Read(out[0]), AffineRef(2.0f, Values(1), Values(40 + k))) << "w" << k << " call " << call;
+    }
+  }
+  const TreeDump d = tree_->Dump();
+  const TreeDumpSite* site = Site(d, 0, f);
+  ASSERT_NE(site, nullptr);
+  EXPECT_EQ(site->recordings, 4u);
+  EXPECT_EQ(site->executables, 1u);
+  EXPECT_EQ(site->executable_counters.instantiations, 1u);
+  EXPECT_EQ(site->executable_counters.updates, 3u);
+  EXPECT_EQ(site->executable_counters.refused_updates, 0u);
 }
 
 TEST_F(GraphTreeTest, FullSiteUpdatesAnExecutableInPlaceInsteadOfReRecording) {
