@@ -33,6 +33,9 @@
 #ifndef GRAPHALLOC_TORCH_POOL_HOOK_TYPES
 #define GRAPHALLOC_TORCH_POOL_HOOK_TYPES 0
 #endif
+#ifndef GRAPHALLOC_TORCH_BUILT_FOR
+#define GRAPHALLOC_TORCH_BUILT_FOR ""
+#endif
 #ifndef GRAPHALLOC_TORCH_POOL_HOOK_CHECK
 #define GRAPHALLOC_TORCH_POOL_HOOK_CHECK "the build did not check PyTorch's pool hook types"
 #endif
@@ -223,6 +226,10 @@ GRAPHALLOC_SHIM_EXPORT void* graphalloc_torch_shim_hook(const char* name) {
   if (std::strcmp(name, "release_pool") == 0) return reinterpret_cast<void*>(&graphalloc_torch::ReleasePool);
   return nullptr;
 }
+
+// torch.__version__ of the PyTorch this was compiled against ("" if unknown): its C++ types and ABI are
+// that PyTorch's, so graphalloc.torch uses it with that version only.
+GRAPHALLOC_SHIM_EXPORT const char* graphalloc_torch_shim_built_for(void) { return GRAPHALLOC_TORCH_BUILT_FOR; }
 
 // NULL when the pool hooks are in this build; else why not (the build's check of PyTorch's hook types).
 GRAPHALLOC_SHIM_EXPORT const char* graphalloc_torch_shim_pool_hooks_unavailable(void) {

@@ -191,9 +191,18 @@ def _load_shim() -> "tuple[Optional[ctypes.CDLL], str]":
         shim = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
     except OSError as e:
         return None, f"cannot load {path}: {e}"
-    for name in ("graphalloc_torch_shim_malloc", "graphalloc_torch_shim_free", "graphalloc_torch_shim_hook"):
+    for name in ("graphalloc_torch_shim_malloc", "graphalloc_torch_shim_free", "graphalloc_torch_shim_hook",
+                 "graphalloc_torch_shim_built_for"):
         if not hasattr(shim, name):
             return None, f"{path} does not export {name}: rebuild it from this checkout"
+    # Its C++ types and ABI are those of the PyTorch it was compiled against: no other will do.
+    shim.graphalloc_torch_shim_built_for.restype = ctypes.c_char_p
+    shim.graphalloc_torch_shim_built_for.argtypes = []
+    built_for = (shim.graphalloc_torch_shim_built_for() or b"").decode()
+    import torch
+    if built_for != torch.__version__:
+        return None, (f"{path} was built for PyTorch {built_for or '(unknown)'}, this is {torch.__version__}: "
+                      "rebuild it (cmake --build BUILD --target graphalloc_torch)")
     shim.graphalloc_torch_shim_hook.restype = ctypes.c_void_p
     shim.graphalloc_torch_shim_hook.argtypes = [ctypes.c_char_p]
     shim.graphalloc_torch_shim_pool_hooks_unavailable.restype = ctypes.c_char_p
