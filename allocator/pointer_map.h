@@ -7,7 +7,8 @@
 // evicted an entry into the map.) A block allocated and freed again soon (the hot path) reuses the same
 // entry, which stays in the cache. The table doubles when half full and never shrinks, so it allocates
 // nothing in steady state; erasing shifts later entries back instead of leaving tombstones, so probe
-// sequences stay short however many blocks come and go.
+// sequences stay short however many blocks come and go. A table of 2 MiB or more (from 64k live blocks)
+// sits in huge pages (huge_page_memory.h).
 #ifndef GRAPHALLOC_ALLOCATOR_POINTER_MAP_H_
 #define GRAPHALLOC_ALLOCATOR_POINTER_MAP_H_
 
@@ -16,6 +17,7 @@
 #include <memory>
 
 #include "allocator/block.h"
+#include "allocator/huge_page_memory.h"
 
 namespace graphalloc {
 
@@ -72,6 +74,25 @@ class PointerMap {
   };
   static constexpr int kInitialBits = 8;  // 256 entries, 4 KiB
 
+  struct TableDeleter {
+    std::size_t bytes;
+    void operator()(Entry* table) const {
+      if (bytes >= kHugePageSize) {
+        FreeHugePageMemory(table);
+      } else {
+        delete[] table;
+      }
+    }
+  };
+  using Table = std::unique_ptr<Entry[], TableDeleter>;
+  static Table NewTable(std::size_t capacity) {
+    const std::size_t bytes = capacity * sizeof(Entry);
+    if (bytes < kHugePageSize) return Table(new Entry[capacity], TableDeleter{bytes});
+    auto* table = static_cast<Entry*>(AllocateHugePageMemory(bytes));
+    std::uninitialized_default_construct_n(table, capacity);
+    return Table(table, TableDeleter{bytes});
+  }
+
   // Fibonacci hashing of the 512-byte-aligned address: neighbouring blocks land far apart.
   std::size_t Home(DevicePtr ptr) const {
     return static_cast<std::size_t>(((ptr >> 9) * 0x9E3779B97F4A7C15ull) >> (64 - bits_));
@@ -82,17 +103,17 @@ class PointerMap {
     entries_[i] = Entry{ptr, block};
   }
   void Rehash(int bits) {
-    std::unique_ptr<Entry[]> old = std::move(entries_);
+    Table old = std::move(entries_);
     const std::size_t old_capacity = old == nullptr ? 0 : mask_ + 1;
     bits_ = bits;
     mask_ = (std::size_t{1} << bits) - 1;
-    entries_ = std::make_unique<Entry[]>(mask_ + 1);
+    entries_ = NewTable(mask_ + 1);
     for (std::size_t i = 0; i < old_capacity; ++i) {
       if (old[i].block != nullptr) Place(old[i].ptr, old[i].block);
     }
   }
 
-  std::unique_ptr<Entry[]> entries_;
+  Table entries_;
   std::size_t mask_ = 0;
   int bits_ = 0;
   std::size_t size_ = 0;
