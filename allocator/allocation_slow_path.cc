@@ -188,6 +188,7 @@ void CachingAllocator::AccountPoolReserved(const Segment* segment, std::int64_t 
 absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
     bool only_oversize, std::size_t wanted, PoolId scope) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Candidates from every shard, chosen with all of them locked so that the choice is coherent.
+  shard_set_mu_.Lock();  // no shard is created until the matching unlock
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   std::vector<Block*> candidates;
   ForEachShard([&](StreamShard* shard) {
@@ -234,6 +235,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
     device_mu_.Unlock();
   }
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  shard_set_mu_.Unlock();
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   if (!only_oversize) {
     // Expandable segments give back their free pages wherever they are (never counted as oversize).
@@ -282,6 +284,7 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
     target = static_cast<std::size_t>(reserved - threshold);
   }
   // Free the oldest unsplit large blocks first: those at least as old as the mean, repeatedly.
+  shard_set_mu_.Lock();  // no shard is created until the matching unlock
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   std::vector<Segment*> victims;
   std::size_t freed = 0;
@@ -316,6 +319,7 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
     freed += freed_now;
   }
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  shard_set_mu_.Unlock();
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   return freed;
 }

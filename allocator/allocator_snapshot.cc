@@ -26,6 +26,7 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
   snapshot.device = DeviceDescription{info.ordinal, info.name, info.total_memory, info.granularity};
   snapshot.config = config_.ToString();
 
+  shard_set_mu_.Lock();  // no shard is created until the matching unlock
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   device_mu_.Lock();
   ForEachShard([&](StreamShard* s) { AddBlockStats(snapshot.stats, s->stats); });
@@ -86,6 +87,7 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
   }
   device_mu_.Unlock();
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  shard_set_mu_.Unlock();
 
   history_.ExportTo(&snapshot);
   // A live block's stack and annotation are those of the last recorded allocation at its address.

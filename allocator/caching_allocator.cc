@@ -125,6 +125,7 @@ StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
   }
   StreamShard* found = FindShard(pool, stream);
   if (found == nullptr) {
+    MutexLock set_lock(&shard_set_mu_);  // not while another thread has every shard locked
     MutexLock lock(&device_mu_);
     found = FindShard(pool, stream);
     if (found == nullptr) {
@@ -535,6 +536,7 @@ absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_N
 absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
                                                    DevicePtr ptr) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // The error path may look at every shard: lock them all, in the lock order.
+  shard_set_mu_.Lock();  // no shard is created until the matching unlock
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   device_mu_.Lock();
   std::string message;
@@ -562,6 +564,7 @@ absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
   }
   device_mu_.Unlock();
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  shard_set_mu_.Unlock();
   if (message.empty()) {
     message = absl::StrFormat(
         "%s(0x%x): unknown pointer: it was not returned by this allocator (device %d); every other "

@@ -290,6 +290,10 @@ class CachingAllocator {
   std::array<std::atomic<StreamShard*>, kMaxShards> shards_{};
   std::atomic<std::size_t> shard_count_{0};
 
+  // Held across every lock-every-shard sequence and while a shard is created (or a retired one re-keyed), so
+  // that such a sequence locks, works on and unlocks one fixed set of shards. Lock order: this, then shards
+  // (in creation order), then device_mu_.
+  mutable Mutex shard_set_mu_;
   // Device-wide state, touched only on the slow path. Lock order: shards (in creation order), then this.
   mutable Mutex device_mu_;
   absl::btree_map<DevicePtr, Segment*> segments_ ABSL_GUARDED_BY(device_mu_);

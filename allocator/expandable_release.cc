@@ -19,6 +19,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   const std::size_t gran = driver_->Info().granularity;
   std::vector<Job> jobs;
   std::vector<ChunkPlacement> cached;
+  shard_set_mu_.Lock();  // no shard is created until the matching unlock
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   ForEachShard([&](StreamShard* shard) {
     if (!Releasable(shard, scope)) return;
@@ -40,6 +41,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   cached = handle_cache_.TakeAll();
   device_mu_.Unlock();
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  shard_set_mu_.Unlock();
 
   absl::Status first_error;
   std::vector<ChunkPlacement> to_release = std::move(cached);
@@ -65,6 +67,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
 
   std::size_t unmapped = 0;
   std::vector<Segment*> empty;
+  shard_set_mu_.Lock();  // no shard is created until the matching unlock
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   device_mu_.Lock();
   for (const ChunkPlacement& h : kept) handle_cache_.Put(h.size, h.handle);
@@ -90,6 +93,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   }
   device_mu_.Unlock();
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  shard_set_mu_.Unlock();
 
   for (Segment* segment : empty) {
     absl::Status s = driver_->AddressFree(segment->base, segment->size);

@@ -75,6 +75,7 @@ absl::Status CompareArrays(absl::string_view scope, const DeviceStats& tracked, 
 }  // namespace
 
 absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  shard_set_mu_.Lock();  // no shard is created until the matching unlock
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   device_mu_.Lock();
   absl::flat_hash_map<const StreamShard*, ShardExpectation> expected;
@@ -318,6 +319,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
   }();
   device_mu_.Unlock();
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  shard_set_mu_.Unlock();
   return status;
 }
 

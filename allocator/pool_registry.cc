@@ -196,6 +196,7 @@ absl::Status CachingAllocator::MaybeReleasePool(PoolId id) ABSL_NO_THREAD_SAFETY
   absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0, id);
   if (!freed.ok()) return freed.status();
   // Forget the pool if nothing of it is left (else a later EmptyCache finishes the job).
+  shard_set_mu_.Lock();  // no shard is created until the matching unlock
   ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   device_mu_.Lock();
   auto it = pools_.find(id);
@@ -227,6 +228,7 @@ absl::Status CachingAllocator::MaybeReleasePool(PoolId id) ABSL_NO_THREAD_SAFETY
   }
   device_mu_.Unlock();
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
+  shard_set_mu_.Unlock();
   return absl::OkStatus();
 }
 

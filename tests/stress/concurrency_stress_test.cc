@@ -315,18 +315,12 @@ TEST_P(ConcurrencyStressTest, EightThreadsOnOneAllocatorKeepItConsistent) {
   EXPECT_TRUE(testing::DeviceHoldsNothing(*sim, /*all=*/true));
 }
 
-// TODO(lead): enable once fixed. Bug: CachingAllocator's lock-everything sequences (ReleaseCachedSegments,
-// ReleaseExpandableMemory, TakeSnapshot, ...) call ForEachShard three times, to lock every shard, to work
-// on them and to unlock them, and ForEachShard reads shard_count_ afresh each time. A shard that ShardFor()
-// appends in between (the first allocation on a new stream, under device_mu_ only) is then worked on
-// without its lock, racing with the thread that allocates there, and unlocked although it was never
-// locked (or while that thread holds it). Found by ConcurrencyStressTest under ASan: heap-use-after-free
-// in BlockPool::Insert (FinishAllocation from AllocateExpandable) of a btree node freed by TryMerge in
-// FlushQuickCache from ReleaseCachedSegments (EmptyCache) on another thread. Fix: read the count once per
-// sequence (lock, work and unlock the same n shards). Run it with --gtest_also_run_disabled_tests under
-// the ASan build: it failed 3 runs of 3 there (heap-use-after-free, or invariants broken afterwards),
-// while the normal build passed 3 of 3 by luck.
-TEST(ShardCreationRaceTest, DISABLED_EmptyCacheAndSnapshotsWhileNewStreamsGetTheirFirstBlock) {
+// A regression test. CachingAllocator's lock-everything sequences (ReleaseCachedSegments, TakeSnapshot, ...)
+// call ForEachShard to lock every shard, to work on them and to unlock them; a shard that ShardFor()
+// appended in between (the first allocation on a new stream) was worked on without its lock and unlocked
+// although never locked (ASan: heap-use-after-free in BlockPool::Insert; it failed 3 runs of 3 there).
+// Now shard creation waits on shard_set_mu_, which every such sequence holds.
+TEST(ShardCreationRaceTest, EmptyCacheAndSnapshotsWhileNewStreamsGetTheirFirstBlock) {
   absl::StatusOr<std::unique_ptr<SimDriver>> created_driver = SimDriver::Create();
   ASSERT_TRUE(created_driver.ok()) << created_driver.status();
   std::shared_ptr<SimDriver> sim(std::move(*created_driver));
