@@ -266,8 +266,9 @@ absl::Status CachingAllocator::CheckPoolInvariants() const {
     }
     std::int64_t allocated = 0;
     std::int64_t live = 0;
+    const auto* this_pool = pool.get();  // clang 14 cannot capture structured bindings
     ForEachShard([&](StreamShard* shard) {
-      if (shard->pool != pool.get()) return;
+      if (shard->pool != this_pool) return;
       for (const auto& [base, segment] : segments_) {
         if (segment->shard != shard) continue;
         for (const Block* b = segment->head; b != nullptr; b = b->next) {
