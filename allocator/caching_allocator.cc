@@ -249,7 +249,9 @@ bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, co
   const std::size_t merged = size + rest;
   if (size < config_.max_split_size && merged >= config_.max_split_size) return false;
   if (size >= config_.max_split_size && rest != 0) return false;        // oversize blocks are never split
-  if (rest != 0 && !pool.is_small && rest <= kSmallSize) return false;  // the rest would stay inside
+  // A large block keeps a rest of up to 1 MiB inside, unless it is in an expandable segment, whose blocks
+  // split off any rest (FinishAllocation).
+  if (rest != 0 && !pool.is_small && !block->segment->expandable && rest <= kSmallSize) return false;
   *run = FreeRun{0, rest, block->prev == nullptr && run_end == nullptr};
   // Nothing else can compete when every indexed block is part of M, or none is large enough: both are
   // O(1) to see, and common when a stream reuses one size in a loop (the search below costs more).
