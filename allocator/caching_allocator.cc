@@ -277,13 +277,22 @@ bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, co
   if (shard.quick.size() != 1 || Mergeable(block, block->prev)) return false;
   // The one walk of the run: M's extent here, and the statistics' run for AccountRunChange.
   std::size_t rest = 0;
+  std::size_t run_blocks = 0;  // all indexed: `block` is the only parked block
   const Block* run_end = block->next;
-  for (; run_end != nullptr && Mergeable(block, run_end); run_end = run_end->next) rest += run_end->size;
+  for (; run_end != nullptr && Mergeable(block, run_end); run_end = run_end->next) {
+    rest += run_end->size;
+    ++run_blocks;
+  }
   const std::size_t merged = size + rest;
   if (size < config_.max_split_size && merged >= config_.max_split_size) return false;
   if (size >= config_.max_split_size && rest != 0) return false;        // oversize blocks are never split
-  if (rest != 0 && !pool.is_small && rest <= kSmallSize) return false;  // the rest would stay inside
+  // A large block keeps a rest of up to 1 MiB inside, unless it is in an expandable segment, whose blocks
+  // split off any rest (FinishAllocation).
+  if (rest != 0 && !pool.is_small && !block->segment->expandable && rest <= kSmallSize) return false;
   *run = FreeRun{0, rest, block->prev == nullptr && run_end == nullptr};
+  // Nothing else can compete when every indexed block is part of M, or none is large enough: both are
+  // O(1) to see, and common when a stream reuses one size in a loop (the search below costs more).
+  if (pool.blocks.size() == run_blocks || pool.blocks.rbegin()->size < size) return true;
   // The smallest indexed block that fits, skipping the ones that are part of M (they follow `block`).
   for (auto it = pool.LowerBound(size); it != pool.blocks.end(); ++it) {
     if (it->ptr > block->ptr && it->ptr < block->ptr + merged) continue;
