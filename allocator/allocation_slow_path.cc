@@ -1,7 +1,6 @@
 // The slow path: new segments, releasing the cache under pressure, garbage collection and the
 // out-of-memory report. Driver calls happen here, always with every lock released.
 #include <algorithm>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,17 +17,20 @@ class RelaxedCaptureMode {
  public:
   explicit RelaxedCaptureMode(Driver& driver) : driver_(driver) {
     absl::StatusOr<CaptureMode> previous = driver_.ExchangeCaptureMode(CaptureMode::kRelaxed);
-    if (previous.ok()) previous_ = *previous;
+    exchanged_ = previous.ok();
+    if (exchanged_) previous_ = *previous;
   }
   ~RelaxedCaptureMode() {
-    if (previous_.has_value()) (void)driver_.ExchangeCaptureMode(*previous_);
+    if (exchanged_) (void)driver_.ExchangeCaptureMode(previous_);
   }
   RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
   RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
 
  private:
   Driver& driver_;
-  std::optional<CaptureMode> previous_;
+  // Not std::optional: GCC 12 at -O1 wrongly reports its payload as maybe-uninitialized.
+  bool exchanged_ = false;
+  CaptureMode previous_ = CaptureMode::kGlobal;
 };
 
 std::size_t RoundUpTo(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }

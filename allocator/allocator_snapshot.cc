@@ -36,7 +36,7 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
     out.address = segment->base;
     out.total_size = segment->size;
     out.stream = static_cast<std::uint64_t>(segment->stream);
-    out.pool_id = 0;
+    out.pool_id = segment->shard->pool != nullptr ? segment->shard->pool->id : kDefaultPool;
     out.kind = segment->pool->is_small ? SegmentKind::kSmall : SegmentKind::kLarge;
     out.expandable = segment->expandable;
     if (segment->vmm != nullptr) {
@@ -66,15 +66,26 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
       block.stream = static_cast<std::uint64_t>(b->stream);
     }
   }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-
+  // Pool 0 carries the device's totals (private pools included, as PyTorch's memory_stats does); each
+  // private pool follows with its own figures.
   PoolSnapshot& pool = snapshot.pools.emplace_back();
   pool.id = 0;
   pool.reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().current);
   pool.allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().current);
   pool.peak_reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().peak);
   pool.peak_allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().peak);
+  for (const auto& [id, state] : pools_) {
+    PoolSnapshot& p = snapshot.pools.emplace_back();
+    p.id = id;
+    p.use_count = state->users.load(std::memory_order_relaxed) + state->pins.load(std::memory_order_relaxed);
+    p.reserved_bytes = static_cast<std::uint64_t>(state->reserved_bytes);
+    p.peak_reserved_bytes = static_cast<std::uint64_t>(state->peak_reserved_bytes);
+    p.allocated_bytes = static_cast<std::uint64_t>(state->allocated_bytes.load(std::memory_order_relaxed));
+    p.peak_allocated_bytes =
+        static_cast<std::uint64_t>(state->peak_allocated_bytes.load(std::memory_order_relaxed));
+  }
+  device_mu_.Unlock();
+  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
 
   history_.ExportTo(&snapshot);
   // A live block's stack and annotation are those of the last recorded allocation at its address.

@@ -123,7 +123,8 @@ void GraphTree::EndStep() {
 CallSite& GraphTree::SiteFor(TreeNode* parent, FunctionId function) {
   auto& sites = parent == nullptr ? roots_ : parent->children;
   std::unique_ptr<CallSite>& site = sites[function];
-  if (site == nullptr) site = std::make_unique<CallSite>(driver_, options_.executables_per_site, parent, function);
+  if (site == nullptr) site = std::make_unique<CallSite>(driver_, options_.executables_per_site,
+                                                      options_.update_executables_first, parent, function);
   return *site;
 }
 
@@ -295,7 +296,11 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::RunEager(Function& fn, std::s
     // The function allocated it (outside any pool): the handles own it, unless it is one of the inputs or
     // an earlier output (then it is borrowed, and freed by whoever owns it).
     bool borrowed = b.ptr == 0;
-    for (std::size_t i = 0; i < inputs.size() && !borrowed; ++i) borrowed = inputs[i].view().ptr == b.ptr;
+    for (std::size_t i = 0; i < inputs.size() && !borrowed; ++i) {
+      if (inputs[i].view().ptr != b.ptr) continue;
+      borrowed = true;
+      if (inputs[i].handle() != nullptr) outputs[j] = TreeOutput(*inputs[i].handle());  // the same output
+    }
     for (std::size_t k = 0; k < j && !borrowed; ++k) {
       if ((*produced)[k].ptr == b.ptr) {
         outputs[j] = outputs[k];

@@ -61,9 +61,11 @@ struct TreeOptions {
   // Re-records allowed per (parent node, function) after the first recording there; past that, calls
   // there run eagerly. PyTorch's cudagraph_max_recording default.
   int max_recordings = 5;
-  // Executables per (parent node, function); recordings beyond it share them by in-place update
-  // (site_executables.h).
+  // Executables per (parent node, function), and whether a re-record first tries to update an existing
+  // one in place (cuGraphExecUpdate, ~5% of an instantiation) before instantiating anew
+  // (site_executables.h says which one it takes).
   std::size_t executables_per_site = 2;
+  bool update_executables_first = true;
   CaptureOptions capture;
   // Calling the function at the root of the current step again begins a new step. Turn off when the
   // root function legitimately runs twice in a step (a reused layer) and call BeginStep() instead.
@@ -172,6 +174,8 @@ class GraphTree {
   absl::StatusOr<std::vector<OutputSpec>> ClassifyOutputs(const Function& fn, std::span<const CallInput> inputs,
                                                           std::span<const BufferView> seen,
                                                           std::span<const BufferView> produced) const;
+  // The pool's layout now, once blocks waiting on stream events have settled.
+  absl::StatusOr<PoolCheckpoint> CheckpointPool();
   // Makes the pool's layout what it was right after `parent` was recorded (empty for a root), minus the
   // outputs that died since.
   absl::Status PreparePoolFor(const TreeNode* parent);

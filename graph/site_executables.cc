@@ -4,7 +4,10 @@ namespace graphalloc {
 
 void SiteExecutables::Give(std::size_t slot, ExecHolder& holder) {
   Slot& s = slots_[slot];
-  if (s.holder != nullptr && s.holder != &holder) s.holder->slot = ExecHolder::kNone;
+  if (s.holder != nullptr && s.holder != &holder) {
+    s.holder->slot = ExecHolder::kNone;
+    s.holder->evicted = true;
+  }
   s.holder = &holder;
   s.last_use = ++clock_;
   holder.slot = slot;
@@ -12,7 +15,8 @@ void SiteExecutables::Give(std::size_t slot, ExecHolder& holder) {
 
 absl::StatusOr<GraphExec> SiteExecutables::AcquireSlow(ExecHolder& holder, const OwnedGraph& graph) {
   holder.slot = ExecHolder::kNone;
-  if (slots_.size() < capacity_) {
+  const bool reuse = !slots_.empty() && (slots_.size() >= capacity_ || (update_first_ && !holder.evicted));
+  if (!reuse) {
     absl::StatusOr<OwnedGraphExec> exec = Instantiate(driver_, graph);
     if (!exec.ok()) return exec.status();
     ++counters_.instantiations;
@@ -33,7 +37,10 @@ absl::StatusOr<GraphExec> SiteExecutables::AcquireSlow(ExecHolder& holder, const
   }
   // Refused (another topology) or failed: the old executable may be half-updated, so it goes either way.
   ++counters_.refused_updates;
-  if (slot.holder != nullptr) slot.holder->slot = ExecHolder::kNone;
+  if (slot.holder != nullptr) {
+    slot.holder->slot = ExecHolder::kNone;
+    slot.holder->evicted = true;
+  }
   slot.holder = nullptr;
   slot.exec.Reset();
   absl::StatusOr<OwnedGraphExec> exec = Instantiate(driver_, graph);

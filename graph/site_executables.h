@@ -1,14 +1,16 @@
-// The executable graphs of one call site (a parent node and a function): at most `capacity` of them,
-// shared by the site's recordings.
+// The executable graphs of one call site (a parent node and a function), shared by the site's recordings.
 //
 // Every recording keeps its captured graph; an executable is what launches it. Instantiating a 100-node
 // graph costs about 400 us on an H100, updating an executable of the same topology in place
-// (cuGraphExecUpdate) about 17 us (../shared/reference/cuda_graph_trees.md, Appendix A). So while the
-// site has fewer executables than its capacity, a recording gets its own; past that it takes the least
-// recently launched one and updates it in place (instantiating anew only when the driver refuses the
-// update: another topology). The recording that lost its executable keeps its graph, and gets an
-// executable back the same way when it is replayed: an update, never a re-record. With the default
-// capacity of 2, two recordings that alternate never update.
+// (cuGraphExecUpdate) about 17 us (../shared/reference/cuda_graph_trees.md, Appendix A). So:
+//   - a new recording at a site that has executables takes the least recently launched one and updates it
+//     in place (the common re-record is a parameter that moved for good: the old recording is done with);
+//     only when the driver refuses (another topology) is it instantiated anew;
+//   - a recording that lost its executable that way and is replayed again (addresses that alternate) gets
+//     a new one of its own while the site has fewer than `capacity`, so alternating recordings stop
+//     trading one executable after their first round; past the capacity it updates the least recently
+//     launched one. A replay never re-records: the graph is kept.
+// With update_first off, new recordings are instantiated while under the capacity too.
 #ifndef GRAPHALLOC_GRAPH_SITE_EXECUTABLES_H_
 #define GRAPHALLOC_GRAPH_SITE_EXECUTABLES_H_
 
@@ -25,6 +27,7 @@ namespace graphalloc {
 struct ExecHolder {
   static constexpr std::size_t kNone = ~std::size_t{0};
   std::size_t slot = kNone;
+  bool evicted = false;  // it had an executable and another recording took it
 };
 
 struct ExecCounters {
@@ -35,7 +38,8 @@ struct ExecCounters {
 
 class SiteExecutables {
  public:
-  SiteExecutables(Driver& driver, std::size_t capacity) : driver_(driver), capacity_(capacity < 1 ? 1 : capacity) {}
+  SiteExecutables(Driver& driver, std::size_t capacity, bool update_first)
+      : driver_(driver), capacity_(capacity < 1 ? 1 : capacity), update_first_(update_first) {}
   SiteExecutables(const SiteExecutables&) = delete;
   SiteExecutables& operator=(const SiteExecutables&) = delete;
 
@@ -67,6 +71,7 @@ class SiteExecutables {
 
   Driver& driver_;
   const std::size_t capacity_;
+  const bool update_first_;
   std::vector<Slot> slots_;
   std::uint64_t clock_ = 0;
   ExecCounters counters_;

@@ -52,8 +52,9 @@ TreeDump GraphTree::Dump() const {
     std::sort(ordered.begin(), ordered.end(),
               [](const CallSite* a, const CallSite* b) { return a->function < b->function; });
     for (const CallSite* site : ordered) {
+      const std::uint64_t parent = site->parent != nullptr ? site->parent->id : 0;
       TreeDumpSite ds;
-      ds.parent = site->parent != nullptr ? site->parent->id : 0;
+      ds.parent = parent;
       ds.function = site->function;
       ds.function_name = functions_[site->function].options.name;
       ds.recordings = site->nodes.size();
@@ -69,7 +70,7 @@ TreeDump GraphTree::Dump() const {
       for (const std::unique_ptr<TreeNode>& node : site->nodes) {
         TreeDumpNode dn;
         dn.id = node->id;
-        dn.parent = ds.parent;
+        dn.parent = parent;
         dn.function = node->function;
         dn.function_name = functions_[node->function].options.name;
         dn.depth = node->depth;

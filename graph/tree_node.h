@@ -87,8 +87,8 @@ struct TreeNode {
 };
 
 struct CallSite {
-  CallSite(Driver& driver, std::size_t executables, TreeNode* parent_node, FunctionId fn)
-      : parent(parent_node), function(fn), executables(driver, executables) {}
+  CallSite(Driver& driver, std::size_t executables, bool update_first, TreeNode* parent_node, FunctionId fn)
+      : parent(parent_node), function(fn), executables(driver, executables, update_first) {}
 
   TreeNode* parent = nullptr;
   FunctionId function = 0;

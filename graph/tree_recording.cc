@@ -59,10 +59,23 @@ absl::Status GraphTree::PrepareRngReplay(const TreeNode& node, Stream stream) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<PoolCheckpoint> GraphTree::CheckpointPool() {
+  absl::StatusOr<PoolCheckpoint> checkpoint = allocator_.Checkpoint(pool_);
+  if (!absl::IsFailedPrecondition(checkpoint.status())) return checkpoint;
+  // Blocks freed after use on another stream (RecordStream) wait on events: EmptyPoolCache waits for them
+  // and settles them (it releases nothing: the pool is pinned).
+  if (absl::Status s = allocator_.EmptyPoolCache(pool_.id()); !s.ok()) return s;
+  return allocator_.Checkpoint(pool_);
+}
+
 absl::Status GraphTree::PreparePoolFor(const TreeNode* parent) {
   if (!pool_layout_known_ || pool_layout_ != parent) {
-    absl::StatusOr<RestoreResult> restored =
-        allocator_.Restore(pool_, parent != nullptr ? parent->checkpoint : empty_checkpoint_);
+    const PoolCheckpoint& target = parent != nullptr ? parent->checkpoint : empty_checkpoint_;
+    absl::StatusOr<RestoreResult> restored = allocator_.Restore(pool_, target);
+    if (absl::IsFailedPrecondition(restored.status())) {  // events pending, as in CheckpointPool
+      if (absl::Status s = allocator_.EmptyPoolCache(pool_.id()); !s.ok()) return s;
+      restored = allocator_.Restore(pool_, target);
+    }
     if (!restored.ok()) {
       return Annotate(restored.status(), absl::StrFormat("graph tree: restoring the pool to %s failed",
                                                          parent != nullptr
@@ -209,7 +222,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::sp
   absl::StatusOr<std::vector<OutputSpec>> specs = ClassifyOutputs(fn, inputs, scratch_views_, *produced);
   absl::Status valid = specs.status();
   if (valid.ok()) {
-    absl::StatusOr<PoolCheckpoint> layout = allocator_.Checkpoint(pool_);
+    absl::StatusOr<PoolCheckpoint> layout = CheckpointPool();
     valid = layout.ok() ? CheckOutputsInPool(fn.options.name, *specs, AllocatedBlocks(*layout)) : layout.status();
   }
   if (absl::Status s = JoinCallerToTree(stream); !s.ok() && valid.ok()) valid = s;
@@ -328,7 +341,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
   for (const auto& [index, buffer] : node->copies) {
     if (absl::Status s = allocator_.Free(buffer); !s.ok()) return fail(s);
   }
-  absl::StatusOr<PoolCheckpoint> checkpoint = allocator_.Checkpoint(pool_);
+  absl::StatusOr<PoolCheckpoint> checkpoint = CheckpointPool();
   if (!checkpoint.ok()) return fail(checkpoint.status());
   node->checkpoint = std::move(*checkpoint);
   const absl::flat_hash_set<DevicePtr> allocated = AllocatedBlocks(node->checkpoint);

@@ -6,8 +6,8 @@
 //   graph_tree/eager_host/<dev>        host time of running the function eagerly (100 launches, alloc, free)
 //   graph_tree/{replay,raw_launch,eager}_wall/<dev>   the same, synchronized every call (real time)
 //   graph_tree/rerecord_{update,instantiate}/<dev>   a call whose static input moved: capture, checkpoint,
-//                                      then an in-place executable update (1 executable per site) or a
-//                                      new instantiation
+//                                      then an in-place executable update (the default) or a new
+//                                      instantiation (update_executables_first off)
 //   graph_tree/driver_{update,instantiate}/<dev>     the driver calls alone: GraphExecUpdate vs
 //                                      GraphInstantiate + GraphExecDestroy of the 100-node graph
 // Host-time benchmarks use manual timing around the measured call and synchronize every 32 calls outside
@@ -101,10 +101,11 @@ std::vector<CallInput> AsCallInputs(const std::vector<BufferView>& views) {
   return std::vector<CallInput>(views.begin(), views.end());
 }
 
-std::unique_ptr<GraphTree> MakeBenchTree(BenchDevice& dev, std::size_t executables_per_site, std::string* error) {
+std::unique_ptr<GraphTree> MakeBenchTree(BenchDevice& dev, bool update_first, std::string* error) {
   TreeOptions options;
   options.max_recordings = 1 << 30;
-  options.executables_per_site = executables_per_site;
+  options.executables_per_site = update_first ? 2 : 1 << 20;
+  options.update_executables_first = update_first;
   options.log = [](TreeLogLevel, std::string_view) {};
   absl::StatusOr<std::unique_ptr<GraphTree>> tree = GraphTree::Create(*dev.allocator, options);
   if (!tree.ok()) {
@@ -124,7 +125,7 @@ std::vector<std::size_t> AllStatic() {
 void TreeReplay(benchmark::State& state, BenchDevice* dev, bool wall) {
   Workload w(*dev, static_cast<int>(state.range(0)));
   std::string error = w.error();
-  std::unique_ptr<GraphTree> tree = error.empty() ? MakeBenchTree(*dev, 2, &error) : nullptr;
+  std::unique_ptr<GraphTree> tree = error.empty() ? MakeBenchTree(*dev, true, &error) : nullptr;
   absl::StatusOr<FunctionId> f = absl::InternalError(error);
   if (tree != nullptr) f = tree->Register(w.Body(), FunctionOptions{.name = "bench", .static_inputs = AllStatic()});
   if (!f.ok()) {
@@ -227,11 +228,11 @@ void Eager(benchmark::State& state, BenchDevice* dev, bool wall) {
 }
 
 // One call per iteration whose static input 1 moved to a new address: a re-record every time, its
-// executable updated in place (`update`: one executable per site) or instantiated anew.
+// executable updated in place (`update`, the default policy) or instantiated anew.
 void Rerecord(benchmark::State& state, BenchDevice* dev, bool update) {
   Workload w(*dev);
   std::string error = w.error();
-  std::unique_ptr<GraphTree> tree = error.empty() ? MakeBenchTree(*dev, update ? 1 : 1 << 20, &error) : nullptr;
+  std::unique_ptr<GraphTree> tree = error.empty() ? MakeBenchTree(*dev, update, &error) : nullptr;
   absl::StatusOr<FunctionId> f = absl::InternalError(error);
   if (tree != nullptr) {
     f = tree->Register(w.Body(), FunctionOptions{.name = "bench", .static_inputs = AllStatic(), .warmup_calls = 0});

@@ -141,6 +141,62 @@ TEST_F(ExpandableSegmentsTest, IdleChunksMoveWhereTheRequestNeedsThemInsteadOfNe
   ExpectNothingLeftAfter({b, c});
 }
 
+TEST_F(ExpandableSegmentsTest, LargeRequestsGrowingAnUnfragmentedPoolTakeOneHandleEach) {
+  GRAPHALLOC_ALLOCATOR_SETUP();
+  SimDriver* sim = AsSim(driver_.get());
+  const std::uint64_t creates = sim != nullptr ? sim->CallCount(SimCall::kMemCreate) : 0;
+  // 1 GiB of growth in 512 MiB requests: two handles, not sixteen of 64 MiB (the driver's cost is per
+  // handle; bench/expandable_bench measures it).
+  const DevicePtr a = Alloc(512 * kMiB);
+  const DevicePtr b = Alloc(512 * kMiB);
+  EXPECT_EQ(b, a + 512 * kMiB);
+  EXPECT_EQ(Reserved(), 1024 * MiB);
+  EXPECT_EQ(Stats().num_device_alloc, 2);
+  if (sim != nullptr) {
+    EXPECT_EQ(sim->CallCount(SimCall::kMemCreate), creates + 2);
+    EXPECT_EQ(sim->Counters().handles, 2u);
+  }
+  ExpectNothingLeftAfter({a, b});
+}
+
+TEST_F(ExpandableSegmentsTest, LargeRequestsNextToStrandedFreeMemoryKeepBoundedChunks) {
+  GRAPHALLOC_ALLOCATOR_SETUP();
+  const DevicePtr a = Alloc(40 * kMiB);  // one 40 MiB chunk
+  const DevicePtr b = Alloc(2 * kMiB);
+  FreeOk(a);
+  // 6 MiB of a's chunk are live again: its other 34 MiB are stranded (free, but pinned by c), more
+  // than 1/16 of the next request. A pool that frees and reuses in part gets 64 MiB handles.
+  const DevicePtr c = Alloc(6 * kMiB);
+  EXPECT_EQ(c, a);
+  const std::int64_t before = Stats().num_device_alloc;
+  const DevicePtr d = Alloc(512 * kMiB);
+  EXPECT_EQ(d, b + 2 * kMiB);
+  EXPECT_EQ(Stats().num_device_alloc, before + 8);
+  ExpectNothingLeftAfter({b, c, d});
+}
+
+TEST_F(ExpandableSegmentsTest, NearTheLimitNewChunksAreSinglePagesThatMoveOnTheirOwn) {
+  GRAPHALLOC_ALLOCATOR_SETUP();
+  allocator_->SetMemoryLimit(24 * kMiB);
+  const DevicePtr a = Alloc(4 * kMiB);  // far from the limit: one chunk
+  EXPECT_EQ(Stats().num_device_alloc, 1);
+  const DevicePtr b = Alloc(10 * kMiB);  // past 30% of the limit: five 2 MiB pages
+  EXPECT_EQ(Stats().num_device_alloc, 6);
+  const DevicePtr c = Alloc(2 * kMiB);
+  FreeOk(b);
+  const DevicePtr d = Alloc(4 * kMiB);  // best fit: b's start; b's last three pages stay idle
+  EXPECT_EQ(d, a + 4 * kMiB);
+  // 14 MiB fit under the limit only because those three pages move on their own; one 10 MiB chunk
+  // would stay pinned by d.
+  const DevicePtr e = Alloc(14 * kMiB);
+  EXPECT_EQ(e, c + 2 * kMiB);
+  EXPECT_EQ(Reserved(), 24 * MiB);
+  EXPECT_EQ(Mapped(), (std::vector<MappedRange>{{0, 8 * kMiB}, {14 * kMiB, 16 * kMiB}}));  // offset, size
+  ASSERT_TRUE(testing::FillPattern(*driver_, e, 14 * kMiB, 6).ok());
+  ASSERT_TRUE(testing::CheckPattern(*driver_, e, 14 * kMiB, 6).ok());
+  ExpectNothingLeftAfter({a, c, d, e});
+}
+
 TEST_F(ExpandableSegmentsTest, PagesInTheMiddleOfASegmentAreFreedUnderAMemoryLimit) {
   GRAPHALLOC_ALLOCATOR_SETUP();
   allocator_->SetMemoryLimit(16 * kMiB);

@@ -2,6 +2,7 @@
 // capture and thread, nesting, per-pool statistics and cache release, graph pins, use_on_oom, no_split,
 // and the capture rules (allocations and frees inside a capture, cross-stream frees deferred, no event
 // queries, a failed capture releasing its route).
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -170,6 +171,14 @@ TEST_F(PrivatePoolTest, PerPoolStatsAndEmptyPoolCacheTouchOnlyThatPool) {
     FreeOk(a);
     FreeOk(b);
   }
+  const MemorySnapshot snap = allocator_->TakeSnapshot();
+  ASSERT_EQ(snap.pools.size(), 2u);
+  EXPECT_EQ(snap.pools[1].id, pool.id());
+  EXPECT_EQ(snap.pools[1].reserved_bytes, 26 * kMiB);
+  EXPECT_EQ(snap.pools[1].use_count, 1);
+  std::size_t in_pool = 0;
+  for (const SegmentSnapshot& seg : snap.segments) in_pool += seg.pool_id == pool.id() ? 1 : 0;
+  EXPECT_EQ(in_pool, 2u);
   ASSERT_OK(allocator_->EmptyPoolCache(pool.id()));
   const PoolStats ps = PoolStatsOf(pool);
   EXPECT_EQ(ps.reserved_bytes, 0u);
@@ -239,6 +248,48 @@ TEST_F(PrivatePoolTest, NoSplitGivesEveryBlockASegmentOfItsOwn) {
   EXPECT_EQ(PoolStatsOf(pool).reserved_bytes, 4 * kMiB + 2 * kMiB);
   FreeOk(a);
   FreeOk(b);
+}
+
+TEST_F(PrivatePoolTest, PoolsCreatedAndReleasedOnManyThreadsReuseShardsSafely) {
+  GRAPHALLOC_ALLOCATOR_SETUP();
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 150;
+  std::vector<Stream> streams;
+  for (int t = 0; t < kThreads; ++t) streams.push_back(NewStream());
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        absl::StatusOr<PrivatePool> pool = allocator_->CreatePool();
+        if (!pool.ok()) {
+          ++failures;
+          return;
+        }
+        absl::StatusOr<PoolRoute> route =
+            allocator_->BeginAllocateToPool(*pool, PoolRouteFilter::ForCallingThread());
+        std::vector<DevicePtr> live;
+        for (int i = 0; route.ok() && i < 4; ++i) {
+          absl::StatusOr<DevicePtr> p = allocator_->Allocate(static_cast<std::size_t>(4096 << i), streams[t]);
+          if (!p.ok()) break;
+          live.push_back(*p);
+        }
+        if (live.size() != 4) ++failures;
+        absl::StatusOr<PoolStats> stats = allocator_->GetPoolStats(pool->id());
+        if (!stats.ok() || stats->live_blocks != 4) ++failures;
+        if (route.ok() && !route->End().ok()) ++failures;
+        pool->Reset();  // the pool waits for its blocks, then goes with the last one
+        for (DevicePtr p : live) {
+          if (!allocator_->Free(p).ok()) ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  ExpectInvariants();
+  EXPECT_EQ(Stats().reserved_bytes.all().current, 0);  // every pool gone, with its memory
+  EXPECT_EQ(allocator_->TakeSnapshot().pools.size(), 1u);
 }
 
 // ---- Captures. ----

@@ -163,9 +163,34 @@ TEST_F(GraphTreeTest, AlternatingStaticAddressesFindTheirRecordingsAgainWithoutR
   const TreeDumpSite* site = Site(d, 0, f);
   ASSERT_NE(site, nullptr);
   EXPECT_EQ(site->rerecords, 1);
-  EXPECT_EQ(site->executable_counters.updates, 0u);  // two recordings, two executables
+  // The re-record updated w0's executable in place; w0's next replay got one of its own again, and from
+  // then on the two never trade.
+  EXPECT_EQ(site->executable_counters.updates, 1u);
+  EXPECT_EQ(site->executable_counters.instantiations, 2u);
+  EXPECT_EQ(site->executables, 2u);
   EXPECT_EQ(d.nodes[0].replays, 5u);
   EXPECT_EQ(d.nodes[1].replays, 5u);
+}
+
+TEST_F(GraphTreeTest, ReRecordUpdatesTheExistingExecutableInPlaceBeforeInstantiating) {
+  const FunctionId f = Register(Affine(2.0f), "affine", {1}, /*warmup_calls=*/0);
+  const BufferView x = Upload(Values(1));
+  // A parameter that moves for good, three times: each re-record updates the one executable in place.
+  for (int k = 0; k < 4; ++k) {
+    const BufferView w = Upload(Values(40 + k));
+    for (int call = 0; call < 2; ++call) {
+      ASSERT_OK_AND_ASSIGN(Outputs out, tree_->Call(f, {x, w}, caller_));
+      EXPECT_EQ(Read(out[0]), AffineRef(2.0f, Values(1), Values(40 + k))) << "w" << k << " call " << call;
+    }
+  }
+  const TreeDump d = tree_->Dump();
+  const TreeDumpSite* site = Site(d, 0, f);
+  ASSERT_NE(site, nullptr);
+  EXPECT_EQ(site->recordings, 4u);
+  EXPECT_EQ(site->executables, 1u);
+  EXPECT_EQ(site->executable_counters.instantiations, 1u);
+  EXPECT_EQ(site->executable_counters.updates, 3u);
+  EXPECT_EQ(site->executable_counters.refused_updates, 0u);
 }
 
 TEST_F(GraphTreeTest, FullSiteUpdatesAnExecutableInPlaceInsteadOfReRecording) {
@@ -179,7 +204,8 @@ TEST_F(GraphTreeTest, FullSiteUpdatesAnExecutableInPlaceInsteadOfReRecording) {
     ASSERT_OK_AND_ASSIGN(Outputs out, tree_->Call(f, {x, w[call % 2]}, caller_));
     EXPECT_EQ(Read(out[0]), AffineRef(2.0f, Values(1), Values(2 + call % 2))) << "call " << call;
   }
-  const TreeDumpSite* site = Site(tree_->Dump(), 0, f);
+  const TreeDump d = tree_->Dump();
+  const TreeDumpSite* site = Site(d, 0, f);
   ASSERT_NE(site, nullptr);
   EXPECT_EQ(site->recordings, 2u);
   EXPECT_EQ(site->executables, 1u);
@@ -262,6 +288,44 @@ TEST_F(GraphTreeTest, BranchThatGrewThePoolStillReplaysAfterItsParentsCheckpoint
     EXPECT_EQ(Download(p + (kBig - kN) * sizeof(float)), std::vector<float>(kN, 1.5f)) << "step " << step;
   }
   ExpectInvariants();
+}
+
+TEST_F(GraphTreeTest, FunctionForkingWorkToASideStreamRecordsAndReplays) {
+  // The temporary is used on a side stream joined into the capture and freed while capturing: the
+  // allocator defers that free until the capture ends, and the tree waits for its event before it takes the
+  // recording's checkpoint.
+  const Stream side = NewStream();
+  ASSERT_OK_AND_ASSIGN(const Event fork, driver_->EventCreate());
+  ASSERT_OK_AND_ASSIGN(const Event join, driver_->EventCreate());
+  TreeFunction forked = [&](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
+    const std::size_t n = in[0].bytes / sizeof(float);
+    GA_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
+    GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
+    GA_RETURN_IF_ERROR(driver_->EventRecord(fork, s));
+    GA_RETURN_IF_ERROR(driver_->StreamWaitEvent(side, fork));
+    GA_RETURN_IF_ERROR(ScaleF32(*driver_, side, tmp, in[0].ptr, n, 2.0f));
+    GA_RETURN_IF_ERROR(allocator_->RecordStream(tmp, side));
+    GA_RETURN_IF_ERROR(driver_->EventRecord(join, side));
+    GA_RETURN_IF_ERROR(driver_->StreamWaitEvent(s, join));
+    GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, tmp, in[1].ptr, n));
+    GA_RETURN_IF_ERROR(allocator_->Free(tmp));
+    return std::vector<BufferView>{{y, in[0].bytes}};
+  };
+  const FunctionId f = Register(forked, "forked", {1});
+  const BufferView x = Upload(Values(1));
+  const BufferView w = Upload(Values(2));
+  for (int call = 0; call < 4; ++call) {
+    Overwrite(x.ptr, Values(call));
+    absl::StatusOr<Outputs> out = tree_->Call(f, {x, w}, caller_);
+    ASSERT_TRUE(out.ok()) << "call " << call << ": " << out.status();
+    EXPECT_EQ(Read((*out)[0]), AffineRef(2.0f, Values(call), Values(2))) << "call " << call;
+  }
+  EXPECT_EQ(tree_->Dump().counters.recordings, 1u);
+  EXPECT_EQ(tree_->Dump().counters.replays, 2u);
+  ASSERT_OK(driver_->DeviceSynchronize());
+  tree_.reset();
+  ASSERT_OK(driver_->EventDestroy(fork));
+  ASSERT_OK(driver_->EventDestroy(join));
 }
 
 TEST_F(GraphTreeTest, ForwardsThenBackwardsInReverseOrderBecomeOnePath) {

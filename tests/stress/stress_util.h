@@ -2,8 +2,14 @@
 #ifndef GRAPHALLOC_TESTS_STRESS_STRESS_UTIL_H_
 #define GRAPHALLOC_TESTS_STRESS_STRESS_UTIL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+
+#include "allocator/caching_allocator.h"
+#include "allocator/device/sim_driver.h"
+#include "allocator/stats.h"
+#include "gtest/gtest.h"
 
 namespace graphalloc::testing {
 
@@ -13,11 +19,64 @@ inline std::uint64_t StressSeed(std::uint64_t fallback) {
   return text != nullptr && *text != '\0' ? std::strtoull(text, nullptr, 10) : fallback;
 }
 
-// `base` operations, times GRAPHALLOC_STRESS_SCALE when set (a soak: GRAPHALLOC_STRESS_SCALE=100).
-inline int StressOps(int base) {
-  const char* text = std::getenv("GRAPHALLOC_STRESS_SCALE");
+// A positive number from the environment variable `name`, or 1.
+inline double ScaleFromEnvironment(const char* name) {
+  const char* text = std::getenv(name);
   const double scale = text != nullptr && *text != '\0' ? std::strtod(text, nullptr) : 1.0;
-  return scale > 0 ? static_cast<int>(base * scale) : base;
+  return scale > 0 ? scale : 1.0;
+}
+
+// `base` operations (at least one), times GRAPHALLOC_TEST_SCALE (scripts/test.sh sets it below 1 for the
+// sanitizer builds, where every operation costs several times more) and times GRAPHALLOC_STRESS_SCALE (a
+// soak: GRAPHALLOC_STRESS_SCALE=100).
+inline int StressOps(int base) {
+  const double scale =
+      ScaleFromEnvironment("GRAPHALLOC_TEST_SCALE") * ScaleFromEnvironment("GRAPHALLOC_STRESS_SCALE");
+  return std::max(1, static_cast<int>(base * scale));
+}
+
+// The allocator holds no block and no device memory: allocations, active blocks, allocated and reserved
+// bytes and segments are all zero.
+inline ::testing::AssertionResult AllocatorIsEmpty(const DeviceStats& s) {
+  if (s.allocation.all().current == 0 && s.active.all().current == 0 &&
+      s.allocated_bytes.all().current == 0 && s.reserved_bytes.all().current == 0 &&
+      s.segment.all().current == 0) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "allocations " << s.allocation.all().current << ", active " << s.active.all().current
+         << ", allocated bytes " << s.allocated_bytes.all().current << ", reserved bytes "
+         << s.reserved_bytes.all().current << ", segments " << s.segment.all().current;
+}
+
+// The simulated device holds no reservation, handle, mapping, plain allocation or queued work, and, with
+// `all`, no event, stream, graph or graph exec either (what an allocator may keep until it is destroyed).
+inline ::testing::AssertionResult DeviceHoldsNothing(const SimDriver& sim, bool all) {
+  const SimCounters c = sim.Counters();
+  const bool memory = c.reservations == 0 && c.reserved_bytes == 0 && c.handles == 0 && c.handle_bytes == 0 &&
+                      c.mappings == 0 && c.mapped_bytes == 0 && c.allocations == 0 &&
+                      c.allocated_bytes == 0 && c.pending_work == 0 && sim.UsedBytes() == 0;
+  const bool rest = c.events == 0 && c.streams == 0 && c.graphs == 0 && c.graph_execs == 0;
+  if (memory && (!all || rest)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "the device still holds: reservations " << c.reservations << " (" << c.reserved_bytes
+         << " bytes), handles " << c.handles << " (" << c.handle_bytes << " bytes), mappings " << c.mappings
+         << " (" << c.mapped_bytes << " bytes), allocations " << c.allocations << " (" << c.allocated_bytes
+         << " bytes), used bytes " << sim.UsedBytes() << ", pending work " << c.pending_work << ", events "
+         << c.events << ", streams " << c.streams << ", graphs " << c.graphs << ", graph execs "
+         << c.graph_execs;
+}
+
+// Once every block is freed: lets the device finish its work, empties the cache, and checks that the
+// invariants hold, the allocator is empty and the device holds none of its memory. Run before the
+// allocator is destroyed, whose destructor would hide a leak.
+inline ::testing::AssertionResult DrainAndCheckNothingLeaked(SimDriver& sim, CachingAllocator& allocator) {
+  sim.RunAllPendingWork();
+  if (absl::Status s = allocator.EmptyCache(); !s.ok())
+    return ::testing::AssertionFailure() << "EmptyCache: " << s;
+  if (absl::Status s = allocator.CheckInvariants(); !s.ok()) return ::testing::AssertionFailure() << s;
+  if (::testing::AssertionResult r = AllocatorIsEmpty(allocator.GetStats()); !r) return r;
+  return DeviceHoldsNothing(sim, /*all=*/false);
 }
 
 }  // namespace graphalloc::testing
