@@ -201,6 +201,8 @@ absl::StatusOr<StepForward> GraphedStep::Forward(std::span<const BufferView> inp
                         absl::StrFormat("GraphedStep '%s': forward %d failed: %s", options_.name, record->id,
                                         outs.status().message()));
   }
+  // What each op drew, the same whether the call ran eagerly, recorded or replayed (a launch's
+  // PrepareReplay advances the host offset by the graph's increment): what its backwards must draw.
   const std::vector<std::uint64_t> end = Offsets(/*backward=*/false);
   for (std::size_t op = 0; op < end.size(); ++op) record->draws.push_back(end[op] - start[op]);
   record->outputs.assign(outs->begin(), outs->begin() + static_cast<std::ptrdiff_t>(num_outputs_));
