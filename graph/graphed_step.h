@@ -226,7 +226,6 @@ class GraphedStep {
   // Fixed by the first forward / backward body run.
   std::size_t num_outputs_ = 0, num_saved_ = 0, num_grad_slots_ = 0;
   bool forward_shape_known_ = false, backward_shape_known_ = false;
-  std::size_t num_grad_outputs_ = 0;
 
   std::vector<bool> alias_;  // per slot, as set; copied to captured_alias_ at capture
   std::vector<bool> captured_alias_;
