@@ -173,6 +173,7 @@ SimCounters SimDriver::Counters() const {
   c.graphs = state_->graphs.size();
   c.graph_execs = state_->execs.size();
   c.pending_work = state_->pending_runs;
+  c.illegal_accesses = state_->illegal_accesses;
   return c;
 }
 

@@ -74,6 +74,10 @@ struct SimCounters {
   std::size_t graphs = 0;
   std::size_t graph_execs = 0;
   std::size_t pending_work = 0;  // closures queued and not yet run (manual completion)
+  // Not a resource: queued copies and memsets that, when they ran, found part of their memory unmapped
+  // or without access (on a GPU, an illegal address). Such work is skipped instead of faulting, so a test
+  // can assert this stays 0: the allocator must not unmap memory that work already queued still uses.
+  std::size_t illegal_accesses = 0;
 };
 
 class SimDriver final : public Driver {

@@ -40,6 +40,10 @@ void AllocatorFixture::TearDown() {
   if (driver_ == nullptr) return;
   (void)driver_->DeviceSynchronize();
   allocator_.reset();
+  // Work that ran on memory unmapped under it would have faulted on a GPU (SimCounters::illegal_accesses).
+  if (SimDriver* sim = AsSim(driver_.get())) {
+    EXPECT_EQ(sim->Counters().illegal_accesses, 0u);
+  }
   for (Stream s : streams_) EXPECT_TRUE(driver_->StreamDestroy(s).ok());
 }
 

@@ -100,6 +100,37 @@ bool FullyMapped(const SimState& s, DevicePtr ptr, std::size_t size, bool exact)
 
 }  // namespace
 
+bool SimState::Accessible(DevicePtr ptr, std::size_t size) {
+  if (size == 0) return true;
+  const DevicePtr end = ptr + size;
+  auto a = allocations.upper_bound(ptr);
+  if (a != allocations.begin() && std::prev(a)->first + std::prev(a)->second.size >= end &&
+      std::prev(a)->first <= ptr) {
+    return true;
+  }
+  // Memory of no reservation here (another simulated device's, the host's) is not this device's to judge.
+  auto r = reservations.upper_bound(ptr);
+  if (r == reservations.begin() || std::prev(r)->first + std::prev(r)->second <= ptr) return true;
+  auto it = mappings.upper_bound(ptr);
+  if (it == mappings.begin()) return false;
+  --it;
+  DevicePtr covered = it->first;
+  if (covered + it->second.size <= ptr) return false;
+  while (it != mappings.end() && it->first == covered && covered < end) {
+    if (!it->second.accessible) return false;
+    covered += it->second.size;
+    ++it;
+  }
+  return covered >= end;
+}
+
+bool SimState::CheckQueuedAccess(DevicePtr ptr, std::size_t size) {
+  MutexLock lock(&mu);
+  if (Accessible(ptr, size)) return true;
+  ++illegal_accesses;
+  return false;
+}
+
 absl::StatusOr<DevicePtr> SimDriver::AddressReserve(std::size_t size, std::size_t alignment) {
   constexpr absl::string_view kName = "cuMemAddressReserve";
   if (absl::Status st = state_->Begin(SimCall::kAddressReserve, kName); !st.ok()) return st;
@@ -239,6 +270,11 @@ absl::Status SimDriver::MemSetAccess(DevicePtr ptr, std::size_t size, std::span<
   if (mprotect(AsPtr(ptr), size, PROT_READ | PROT_WRITE) != 0) {
     return DriverError(kName, DriverResult::kOutOfMemory);
   }
+  auto it = s.mappings.upper_bound(ptr);
+  if (it != s.mappings.begin()) --it;
+  for (; it != s.mappings.end() && it->first < ptr + size; ++it) {
+    if (it->first + it->second.size > ptr) it->second.accessible = true;
+  }
   return absl::OkStatus();
 }
 
@@ -309,9 +345,12 @@ absl::Status SimDriver::CopyDeviceToHost(void* dst, DevicePtr src, std::size_t b
 absl::Status SimDriver::CopyAsync(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream) {
   constexpr absl::string_view kName = "cuMemcpyAsync";
   if (absl::Status st = state_->Begin(SimCall::kCopy, kName); !st.ok()) return st;
+  // The check runs with the work, not now: what matters is the memory when the device gets to it.
+  SimState* s = state_.get();
   return state_->Enqueue(
       stream, SimNodeKind::kMemcpy,
-      [dst, src, bytes] {
+      [s, dst, src, bytes] {
+        if (!s->CheckQueuedAccess(dst, bytes) || !s->CheckQueuedAccess(src, bytes)) return;
         if (bytes != 0) std::memmove(AsPtr(dst), AsPtr(src), bytes);
       },
       kName);
@@ -320,9 +359,11 @@ absl::Status SimDriver::CopyAsync(DevicePtr dst, DevicePtr src, std::size_t byte
 absl::Status SimDriver::MemsetAsync(DevicePtr dst, std::uint8_t value, std::size_t bytes, Stream stream) {
   constexpr absl::string_view kName = "cuMemsetD8Async";
   if (absl::Status st = state_->Begin(SimCall::kCopy, kName); !st.ok()) return st;
+  SimState* s = state_.get();
   return state_->Enqueue(
       stream, SimNodeKind::kMemset,
-      [dst, value, bytes] {
+      [s, dst, value, bytes] {
+        if (!s->CheckQueuedAccess(dst, bytes)) return;
         if (bytes != 0) std::memset(AsPtr(dst), value, bytes);
       },
       kName);

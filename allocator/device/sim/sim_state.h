@@ -55,6 +55,7 @@ struct SimPhysical {
 struct SimMapping {
   std::size_t size = 0;
   std::uint64_t phys_id = 0;
+  bool accessible = false;  // MemSetAccess covered it (a fresh mapping has no access, as on CUDA)
 };
 
 struct SimAllocation {
@@ -169,6 +170,12 @@ struct SimState {
                            const std::shared_ptr<SimCapture>& recorded_in, absl::string_view name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // ---- Memory (sim_memory.cc). ----
+  // Whether queued work may touch [ptr, ptr + size): inside one plain allocation, or mapped throughout
+  // with access granted. Work that finds it is not counts an illegal access instead of faulting.
+  bool Accessible(DevicePtr ptr, std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  bool CheckQueuedAccess(DevicePtr ptr, std::size_t size) ABSL_LOCKS_EXCLUDED(mu);
+
   // ---- Stream engine (sim_streams.cc). ----
   SimStreamState* FindStream(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   SimEventState* FindEvent(Event event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -240,6 +247,7 @@ struct SimState {
   absl::flat_hash_map<std::uint64_t, SimGraphState> graphs ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::uint64_t, SimGraphState> execs ABSL_GUARDED_BY(mu);
   std::size_t pending_runs ABSL_GUARDED_BY(mu) = 0;
+  std::size_t illegal_accesses ABSL_GUARDED_BY(mu) = 0;  // SimCounters::illegal_accesses
   std::uint64_t next_id ABSL_GUARDED_BY(mu) = 1;  // handles, streams, events, graphs: never reused
   std::uint64_t next_capture_id ABSL_GUARDED_BY(mu) = 1;
 };
