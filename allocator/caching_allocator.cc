@@ -78,7 +78,9 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
 }
 
 CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // Teardown is best effort: the device may already be gone, and there is no one to report to.
+  // Teardown is best effort: the device may already be gone, and there is no one to report to. Queued work
+  // may still use the memory that is about to be unmapped and freed.
+  (void)driver_->DeviceSynchronize();
   std::vector<Event> events;
   ForEachShard([&](StreamShard* shard) {
     for (auto& [stream, queue] : shard->pending_events) {

@@ -202,10 +202,12 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
   };
   std::vector<Idle> idle;
   // A pinned pool's free memory must stay where it is: graphs that replay into the pool write their
-  // temporaries (free between replays) at the addresses they were captured with.
+  // temporaries (free between replays) at the addresses they were captured with. And a move waits for the
+  // stream's work (ExecuteGrowth), which a capture cannot do.
   const bool pinned = shard.pool != nullptr && shard.pool->pins.load(std::memory_order_acquire) > 0;
+  const bool capturing = captures_underway_.load(std::memory_order_acquire) > 0;
   for (BlockPool* p : {&shard.large_pool, &shard.small_pool}) {
-    if (pinned) break;
+    if (pinned || capturing) break;
     for (auto it = p->LowerBound(gran); it != p->blocks.end(); ++it) {
       Block* b = it->block;
       if (!b->segment->expandable) continue;
@@ -355,7 +357,12 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
       error = absl::ResourceExhaustedError("memory limit");
     }
   }
-  // 1. Unmap the idle chunks that move.
+  // 1. Unmap the idle chunks that move. A chunk is idle once its blocks are free, but work queued on the
+  // shard's stream before those frees may still be running on it (a free is stream-ordered, an unmap is
+  // not: the GPU would fault on an address that is gone). So the stream's work completes first.
+  if (error.ok() && !plan.stolen_chunks.empty()) {
+    if (absl::Status s = driver_->StreamSynchronize(shard.stream); !s.ok()) error = s;
+  }
   std::vector<bool> stolen_unmapped(plan.stolen_chunks.size(), false);
   for (std::size_t i = 0; error.ok() && i < plan.stolen_chunks.size(); ++i) {
     const ChunkPlacement& c = plan.stolen_chunks[i];

@@ -44,10 +44,13 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   shard_set_mu_.Unlock();
 
   absl::Status first_error;
+  // Work queued before the blocks were freed may still use them: an unmap is not stream-ordered, so the
+  // device finishes that work first (as PyTorch does before it unmaps). Without that, nothing is unmapped.
+  const bool device_idle = jobs.empty() || (first_error = driver_->DeviceSynchronize()).ok();
   std::vector<ChunkPlacement> to_release = std::move(cached);
   for (Job& job : jobs) {
     job.still_mapped.assign(job.chunks.size(), true);
-    for (std::size_t i = 0; i < job.chunks.size(); ++i) {
+    for (std::size_t i = 0; device_idle && i < job.chunks.size(); ++i) {
       absl::Status s = driver_->MemUnmap(job.chunks[i].ptr, job.chunks[i].size);
       if (s.ok()) {
         job.still_mapped[i] = false;

@@ -364,7 +364,8 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   };
   std::vector<Piece> pieces;
   std::vector<Piece> merged;
-  for (const auto& [base, segment] : segments_) {
+  for (const auto& entry : segments_) {
+    Segment* segment = entry.second;  // named, not a structured binding: the lambdas below capture it
     if (std::find(shards.begin(), shards.end(), segment->shard) == shards.end()) continue;
     auto w = wanted.find(segment->base);
     if (w != wanted.end() && ChainMatches(segment, *w->second)) continue;  // already the checkpoint's
@@ -537,10 +538,13 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   // A pinned pool keeps every mapping: graphs recorded since the checkpoint may still replay into that memory
   // (an unmapped range there would be an illegal address). The chunks stay mapped and free, as when an
   // unmap fails.
+  // The blocks restored to free may have been used by work still queued: it completes before any unmap (an
+  // unmap is not stream-ordered). If the device cannot say it has, the chunks stay mapped.
+  const bool device_idle = driver_->DeviceSynchronize().ok();
   for (UnmapJob& job : unmap_jobs) {
     const PoolState* owner = job.shard->pool;
     const bool pinned = owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0;
-    job.unmapped = !pinned && driver_->MemUnmap(job.chunk.ptr, job.chunk.size).ok();
+    job.unmapped = device_idle && !pinned && driver_->MemUnmap(job.chunk.ptr, job.chunk.size).ok();
   }
   shards = LockPoolShards(pool.id());
   device_mu_.Lock();
