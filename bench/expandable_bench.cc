@@ -39,7 +39,10 @@
 //   td_<call>_us                       wall time of each kind during the untimed teardown
 //   timed_us, timed_cpu_us             the timed part by the benchmark's own clocks
 //   driver_us, driver_cpu_us           sum over every driver call of the timed part
-//   rest_us, rest_cpu_us               timed minus driver: the allocator's own work (and the loop's)
+//   rest_us, rest_cpu_us               timed minus driver: the allocator's own work (and the loop's);
+//                                      about half of the wrapper's clock reads land in rest_cpu_us (where
+//                                      reading the thread CPU clock is a slow syscall, as in some VMs, it
+//                                      can exceed rest_us for the 2 MiB steps' 1,536 calls)
 //
 // Reading one run: <call>_us far above <call>_cpu_us means the thread waited inside that call (for the
 // GPU or the kernel driver), which a faster allocator cannot remove; rest_us is what the allocator adds.
@@ -49,7 +52,8 @@
 // raw/2, raw/64 and raw/512 say whether the driver's cost follows handles or bytes on this device.
 //
 // The simulated device always runs; GPU 0 runs when CudaDriver::Create(0) succeeds. Target on the GPU:
-// under 1 ms per GiB for the 512 MiB steps.
+// under 1 ms per GiB for the 512 MiB steps. bench/expandable_bench_table.py makes a table of a JSON run:
+//   expandable_bench --benchmark_format=json > grow.json && bench/expandable_bench_table.py grow.json
 #include <benchmark/benchmark.h>
 
 #include <chrono>
