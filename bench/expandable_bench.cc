@@ -320,7 +320,8 @@ int main(int argc, char** argv) {
   }
   absl::StatusOr<std::unique_ptr<CudaDriver>> cuda = CudaDriver::Create(0);
   if (cuda.ok()) {
-    devices.push_back(std::make_unique<Device>(MakeDevice("cuda", std::shared_ptr<Driver>(std::move(*cuda)))));
+    devices.push_back(
+        std::make_unique<Device>(MakeDevice("cuda", std::shared_ptr<Driver>(std::move(*cuda)))));
     benchmark::AddCustomContext("cuda_device", devices.back()->bare->Info().name);
   } else {
     std::fprintf(stderr, "expandable_bench: no GPU (%s); simulated device only\n",

@@ -201,7 +201,8 @@ int Main(int argc, char** argv) {
   if (peer != nullptr) {
     programs = LoadShippedTraces();
     if (!programs.ok()) {
-      std::fprintf(stderr, "peers_c10: skipping the trace replays: %s\n", programs.status().ToString().c_str());
+      std::fprintf(stderr, "peers_c10: skipping the trace replays: %s\n",
+                   programs.status().ToString().c_str());
     } else {
       std::string conf;
       const std::string c10_impl = C10Impl(&conf);

@@ -23,7 +23,8 @@ constexpr absl::string_view kTraceSuffix = ".csv.gz";
 
 std::string ProgramName(absl::string_view file_name) {
   for (absl::string_view suffix : {kTraceSuffix, absl::string_view(".csv"), absl::string_view(".json")}) {
-    if (absl::EndsWith(file_name, suffix)) return std::string(file_name.substr(0, file_name.size() - suffix.size()));
+    if (absl::EndsWith(file_name, suffix))
+      return std::string(file_name.substr(0, file_name.size() - suffix.size()));
   }
   return std::string(file_name);
 }
@@ -48,7 +49,8 @@ absl::StatusOr<ReplayProgram> CompileReplay(const Trace& trace) {
         return absl::InvalidArgumentError(
             absl::StrCat(trace.Where(i), ": an allocation of 0 bytes, which no allocator hands a block for"));
       }
-      auto [it, inserted] = stream_index.try_emplace(e.stream, static_cast<std::uint16_t>(program.streams.size()));
+      auto [it, inserted] =
+          stream_index.try_emplace(e.stream, static_cast<std::uint16_t>(program.streams.size()));
       if (inserted) {
         if (program.streams.size() > std::numeric_limits<std::uint16_t>::max()) {
           return absl::InvalidArgumentError(absl::StrCat(trace.Where(i), ": more than 65,536 streams"));
@@ -87,8 +89,9 @@ absl::StatusOr<std::vector<ReplayProgram>> LoadShippedTraces() {
     }
   }
   if (ec) {
-    return absl::NotFoundError(absl::StrCat("trace directory ", dir.string(), ": ", ec.message(),
-                                            " (set GRAPHALLOC_TRACE_DIR to the folder of the *.csv.gz traces)"));
+    return absl::NotFoundError(
+        absl::StrCat("trace directory ", dir.string(), ": ", ec.message(),
+                     " (set GRAPHALLOC_TRACE_DIR to the folder of the *.csv.gz traces)"));
   }
   if (paths.empty()) {
     return absl::NotFoundError(absl::StrCat("no *.csv.gz trace in ", dir.string(),

@@ -53,10 +53,10 @@
 namespace graphalloc::bench {
 
 struct ReplayOp {
-  std::uint64_t size = 0;  // bytes to allocate (allocations only)
-  std::uint32_t slot = 0;  // the block's entry in the pointer table
+  std::uint64_t size = 0;    // bytes to allocate (allocations only)
+  std::uint32_t slot = 0;    // the block's entry in the pointer table
   std::uint16_t stream = 0;  // index into ReplayProgram::streams (allocations only)
-  bool alloc = false;      // allocate, else free
+  bool alloc = false;        // allocate, else free
 };
 
 // A trace compiled for replay: the operations alone, in order.
@@ -143,7 +143,8 @@ void BM_Replay(benchmark::State& state, Target* target, const ReplayProgram* pro
     if (done == program->ops.size()) return true;
     const ReplayOp& op = program->ops[done];
     error = std::string(what) + " of " + program->name + " failed at operation " + std::to_string(done) +
-            (op.alloc ? " (allocate " + std::to_string(op.size) + " bytes): " : " (free): ") + target->Error();
+            (op.alloc ? " (allocate " + std::to_string(op.size) + " bytes): " : " (free): ") +
+            target->Error();
     return false;
   };
   if (absl::Status s = target->Prepare(*program); !s.ok()) {
@@ -156,8 +157,8 @@ void BM_Replay(benchmark::State& state, Target* target, const ReplayProgram* pro
     for (auto _ : state) {
       const auto t0 = std::chrono::steady_clock::now();
       const bool ok = replay("replay");
-      timed_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-                      .count();
+      timed_ns +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
       if (!ok) break;
       state.PauseTiming();
       free_left();
@@ -177,7 +178,8 @@ void BM_Replay(benchmark::State& state, Target* target, const ReplayProgram* pro
   state.counters["streams"] = static_cast<double>(program->streams.size());
   state.counters["peak_live_bytes"] = static_cast<double>(program->peak_live_bytes);
   if (state.iterations() > 0 && ops > 0) {
-    state.counters["ns_per_op"] = static_cast<double>(timed_ns) / (static_cast<double>(state.iterations()) * ops);
+    state.counters["ns_per_op"] =
+        static_cast<double>(timed_ns) / (static_cast<double>(state.iterations()) * ops);
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(program->ops.size()));

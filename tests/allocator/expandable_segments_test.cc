@@ -181,7 +181,7 @@ TEST_F(ExpandableSegmentsTest, EachGiBOfHalfGiBGrowthMakesOnlyItsSevenVmmCallsAn
     for (std::size_t i = 0; i < d.size(); ++i) d[i] -= before[i];
     return d;
   };
-  //                                          reserve free create release map unmap access sync record query esync
+  // In the order of `kinds`: reserve, free, create, release, map, unmap, access, then the four waits.
   const std::vector<std::uint64_t> growth = {1, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0};
   const std::vector<std::uint64_t> teardown = {0, 1, 0, 2, 0, 2, 0, 0, 0, 0, 0};
   for (int round = 0; round < 2; ++round) {
