@@ -4,19 +4,32 @@
 //   hit/graphalloc-<device>/<bytes>   graphalloc's hit path, the same code as in allocator_bench
 //   hit/c10/<bytes>                   c10 raw_alloc_with_stream + raw_delete of one size on one stream
 //   churn/c10/<live>                  the churn workload of allocator_bench (same sizes, same seed)
+//   replay/<impl>/<trace>             the shipped traces (traces/*.csv.gz) replayed from an empty allocator
+//   replay_warm/<impl>/<trace>        ... and with the cache the previous replay left; <impl> is
+//                                     graphalloc-cuda or c10_<config> (bench/trace_replay_support.h)
+//
+// c10's configuration is read once per process from PYTORCH_ALLOC_CONF (or, when that is unset,
+// PYTORCH_CUDA_ALLOC_CONF), so the replay names say which one ran: c10_native, c10_expandable
+// (expandable_segments:True) or c10_cudaMallocAsync (backend:cudaMallocAsync); run the binary once per
+// configuration (bench/run_replay_bench.sh does). The context key "c10_conf" has the variable's text.
 //
 // The c10 variants run only on a GPU; without one they are skipped with a line on stderr.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "allocator/device/cuda_driver.h"
 #include "bench/bench_support.h"
 #include "bench/c10_peer.h"
+#include "bench/trace_replay_support.h"
 
 namespace graphalloc::bench {
 namespace {
@@ -84,6 +97,60 @@ void BM_C10Churn(benchmark::State& state, C10Peer* peer, std::size_t live_blocks
       [] { return std::string(c10peer::LastError()); });
 }
 
+// PyTorch's c10 allocator as a replay target (trace_replay_support.h), on the streams graphalloc's
+// replay on the same GPU uses.
+class C10ReplayTarget {
+ public:
+  explicit C10ReplayTarget(TraceStreams* streams) : streams_(streams) {}
+
+  absl::Status Prepare(const ReplayProgram& program) {
+    ResetChurnState();  // a churn's live blocks would stay in c10's pool
+    if (absl::Status s = EmptyCache(); !s.ok()) return s;
+    absl::StatusOr<std::vector<Stream>> streams = streams_->For(program);
+    if (!streams.ok()) return streams.status();
+    native_.clear();
+    for (Stream stream : *streams) native_.push_back(NativeFromStream(stream));
+    return absl::OkStatus();
+  }
+  std::uintptr_t Alloc(std::size_t size, std::uint16_t stream) {
+    return reinterpret_cast<std::uintptr_t>(c10peer::Alloc(size, native_[stream]));
+  }
+  bool Free(std::uintptr_t ptr) { return c10peer::Free(reinterpret_cast<void*>(ptr)); }
+  std::string Error() const { return c10peer::LastError(); }
+  absl::Status EmptyCache() {
+    if (c10peer::EmptyCache()) return absl::OkStatus();
+    return absl::InternalError(c10peer::LastError());
+  }
+  void Finish(benchmark::State&) { (void)c10peer::EmptyCache(); }
+
+ private:
+  TraceStreams* streams_;
+  std::vector<void*> native_;
+};
+
+// "c10_native", "c10_expandable" or "c10_cudaMallocAsync" (see the top comment); `conf` gets the
+// variable c10 read, as NAME=VALUE.
+std::string C10Impl(std::string* conf) {
+  const char* var = "PYTORCH_ALLOC_CONF";
+  const char* value = std::getenv(var);
+  if (value == nullptr) {
+    var = "PYTORCH_CUDA_ALLOC_CONF";
+    value = std::getenv(var);
+  }
+  *conf = value == nullptr ? std::string("(unset)") : std::string(var) + "=" + value;
+  if (absl::StrContains(c10peer::Name(), "cudaMallocAsync")) return "c10_cudaMallocAsync";
+  bool expandable = false;
+  if (value != nullptr) {
+    for (absl::string_view option : absl::StrSplit(value, ',')) {
+      std::vector<absl::string_view> kv = absl::StrSplit(option, absl::MaxSplits(':', 1));
+      if (kv.size() == 2 && absl::StripAsciiWhitespace(kv[0]) == "expandable_segments") {
+        expandable = absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(kv[1]), "true");
+      }
+    }
+  }
+  return expandable ? "c10_expandable" : "c10_native";
+}
+
 int Main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
@@ -126,13 +193,41 @@ int Main(int argc, char** argv) {
     }
   }
 
+  // Trace replays: graphalloc-cuda and c10 on the same streams of the same GPU.
+  absl::StatusOr<std::vector<ReplayProgram>> programs = std::vector<ReplayProgram>{};
+  std::unique_ptr<TraceStreams> trace_streams;
+  std::unique_ptr<GraphallocReplayTarget> graphalloc_replay;
+  std::unique_ptr<C10ReplayTarget> c10_replay;
+  if (peer != nullptr) {
+    programs = LoadShippedTraces();
+    if (!programs.ok()) {
+      std::fprintf(stderr, "peers_c10: skipping the trace replays: %s\n",
+                   programs.status().ToString().c_str());
+    } else {
+      std::string conf;
+      const std::string c10_impl = C10Impl(&conf);
+      benchmark::AddCustomContext("c10_conf", conf);
+      const char* graphalloc_conf = std::getenv("GRAPHALLOC_CONF");
+      benchmark::AddCustomContext("graphalloc_conf",
+                                  graphalloc_conf != nullptr ? graphalloc_conf : "(unset: defaults)");
+      trace_streams = std::make_unique<TraceStreams>(gpu->driver);
+      graphalloc_replay = std::make_unique<GraphallocReplayTarget>(gpu->driver, trace_streams.get());
+      c10_replay = std::make_unique<C10ReplayTarget>(trace_streams.get());
+      RegisterReplays(gpu->Impl(), graphalloc_replay.get(), *programs);
+      RegisterReplays(c10_impl, c10_replay.get(), *programs);
+    }
+  }
+
   benchmark::RunSpecifiedBenchmarks();
   ResetChurnState();
+  c10_replay.reset();
+  graphalloc_replay.reset();
   if (peer != nullptr) {
     (void)c10peer::EmptyCache();
     (void)peer->driver->StreamSynchronize(peer->stream);
     (void)peer->driver->StreamDestroy(peer->stream);
   }
+  trace_streams.reset();
   devices.clear();
   benchmark::Shutdown();
   return 0;

@@ -4,8 +4,9 @@
 #
 #   bench/run_allocator_bench.sh BUILD_DIR OUT_DIR [extra Google Benchmark flags...]
 #
-# Defaults: 5 repetitions, aggregates only (the table reads the _median rows). Extra flags are passed to
-# both binaries, e.g. --benchmark_filter=hit or --benchmark_min_time=0.1s.
+# Defaults: 5 repetitions, aggregates only (the table reads the _median rows), and not peers_c10's trace
+# replays (bench/run_replay_bench.sh runs those). Extra flags are passed to both binaries and override the
+# defaults, e.g. --benchmark_filter=hit or --benchmark_min_time=0.1s.
 set -euo pipefail
 
 if [[ $# -lt 2 ]]; then
@@ -18,7 +19,8 @@ shift 2
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$out_dir"
 
-flags=(--benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out_format=json "$@")
+flags=(--benchmark_filter=-^replay --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+       --benchmark_out_format=json "$@")
 jsons=()
 for bin in allocator_bench peers_c10; do
   exe="$build_dir/bench/$bin"

@@ -159,6 +159,48 @@ TEST_F(ExpandableSegmentsTest, LargeRequestsGrowingAnUnfragmentedPoolTakeOneHand
   ExpectNothingLeftAfter({a, b});
 }
 
+TEST_F(ExpandableSegmentsTest, EachGiBOfHalfGiBGrowthMakesOnlyItsSevenVmmCallsAndNoSynchronization) {
+  GRAPHALLOC_ALLOCATOR_SETUP();
+  SimDriver* sim = AsSim(driver_.get());
+  if (sim == nullptr) GTEST_SKIP() << "call counts need the simulated device";
+  // What one iteration of bench/expandable_bench's grow/<device>/512 asks of the driver (its GPU wall
+  // time is several times the sum of these calls' costs): one reservation, one create, map and access
+  // per handle, nothing that waits for the device; and the teardown gives everything back, so the next
+  // round makes the same calls again (no reservation or handle kept, none created twice).
+  const SimCall kinds[] = {SimCall::kAddressReserve, SimCall::kAddressFree,       SimCall::kMemCreate,
+                           SimCall::kMemRelease,     SimCall::kMemMap,            SimCall::kMemUnmap,
+                           SimCall::kMemSetAccess,   SimCall::kStreamSynchronize, SimCall::kEventRecord,
+                           SimCall::kEventQuery,     SimCall::kEventSynchronize};
+  auto counts = [&] {
+    std::vector<std::uint64_t> c;
+    for (SimCall kind : kinds) c.push_back(sim->CallCount(kind));
+    return c;
+  };
+  auto since = [&](const std::vector<std::uint64_t>& before) {
+    std::vector<std::uint64_t> d = counts();
+    for (std::size_t i = 0; i < d.size(); ++i) d[i] -= before[i];
+    return d;
+  };
+  // In the order of `kinds`: reserve, free, create, release, map, unmap, access, then the four waits.
+  const std::vector<std::uint64_t> growth = {1, 0, 2, 0, 2, 0, 2, 0, 0, 0, 0};
+  const std::vector<std::uint64_t> teardown = {0, 1, 0, 2, 0, 2, 0, 0, 0, 0, 0};
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    std::vector<std::uint64_t> before = counts();
+    const DevicePtr a = Alloc(512 * kMiB);
+    const DevicePtr b = Alloc(512 * kMiB);
+    EXPECT_EQ(since(before), growth);
+    EXPECT_EQ(Stats().num_device_alloc, 2 * (round + 1));
+    before = counts();
+    FreeOk(a);
+    FreeOk(b);
+    ASSERT_TRUE(allocator_->EmptyCache().ok());
+    EXPECT_EQ(since(before), teardown);
+    EXPECT_EQ(Reserved(), 0);
+  }
+  ExpectNothingLeftAfter({});
+}
+
 TEST_F(ExpandableSegmentsTest, LargeRequestsNextToStrandedFreeMemoryKeepBoundedChunks) {
   GRAPHALLOC_ALLOCATOR_SETUP();
   const DevicePtr a = Alloc(40 * kMiB);  // one 40 MiB chunk
