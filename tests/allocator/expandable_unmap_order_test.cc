@@ -52,20 +52,20 @@ class ExpandableUnmapOrderTest : public AllocatorFixture {
 
 TEST_F(ExpandableUnmapOrderTest, AMovedChunkIsUnmappedOnlyAfterTheWorkQueuedOnItsBlocks) {
   if (!SetUpManualDevice()) GTEST_SKIP() << "needs the simulated device (manual completion)";
-  const DevicePtr a = Alloc(64 * kMiB);  // one 64 MiB chunk
+  const DevicePtr a = Alloc(48 * kMiB);  // one 48 MiB chunk
   const DevicePtr b = Alloc(4 * kMiB);
-  QueueWrite(a, 64 * kMiB);
+  QueueWrite(a, 48 * kMiB);
   FreeOk(a);  // stream-ordered: the write still runs on a's memory
-  // 100 MiB do not fit a's 64 MiB: a's chunk moves after b (plus 36 MiB new), as in
+  // 90 MiB do not fit a's 48 MiB: a's chunk moves after b (plus 42 MiB new), as in
   // ExpandableSegmentsTest.IdleChunksMoveWhereTheRequestNeedsThemInsteadOfNewMemory.
-  const DevicePtr c = Alloc(100 * kMiB);
+  const DevicePtr c = Alloc(90 * kMiB);
   EXPECT_EQ(c, b + 4 * kMiB);
-  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(104 * kMiB));
+  EXPECT_EQ(Stats().reserved_bytes.all().current, static_cast<std::int64_t>(94 * kMiB));
   // The growth waited for the write, which landed in the chunk before it moved: c starts with it.
   EXPECT_EQ(sim_->Counters().pending_work, 0u);
   EXPECT_EQ(sim_->Counters().illegal_accesses, 0u);
   EXPECT_EQ(ByteAt(c), kQueuedByte);
-  EXPECT_EQ(ByteAt(c + 64 * kMiB - 1), kQueuedByte);
+  EXPECT_EQ(ByteAt(c + 48 * kMiB - 1), kQueuedByte);
   FreeOk(b);
   FreeOk(c);
 }
