@@ -179,6 +179,8 @@ class CachingAllocator {
   // The id of the shard's pool when that pool waits only for its last live block to go (now gone), else
   // kDefaultPool: the caller then releases it (MaybeReleasePool) with the lock dropped.
   PoolId LastBlockOfOrphan(const StreamShard& shard) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // After a free that succeeded: releases `pool` (kDefaultPool: none), ignoring device failures.
+  void ReleaseOrphanAfterFree(PoolId pool);
 
   // ---- Slow path (allocation_slow_path.cc). ----
   absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, std::size_t size, std::size_t requested);
