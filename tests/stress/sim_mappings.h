@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/device/driver.h"
+#include "allocator/snapshot/memory_snapshot.h"
+#include "gtest/gtest.h"
 
 namespace graphalloc::testing {
 
@@ -61,6 +63,45 @@ inline std::vector<Range> SimDeviceMappings() {
 inline bool Accessible(const std::vector<Range>& mappings, DevicePtr ptr, std::size_t size) {
   return std::any_of(mappings.begin(), mappings.end(),
                      [&](const Range& r) { return r.accessible && r.begin <= ptr && ptr + size <= r.end; });
+}
+
+// Where memory is mapped agrees with the allocator's view of it, `snapshot`: inside each expandable segment
+// the device has mapped exactly the ranges the snapshot says, with access exactly where the snapshot does
+// not say otherwise (a chunk mapped without access that the allocator does not know of, or mapped where
+// the allocator does not know, is caught here); every regular segment is accessible memory. Sets
+// `*without_access` to whether the device has memory of expandable segments mapped without access.
+inline ::testing::AssertionResult MappingsMatchSnapshot(const MemorySnapshot& snapshot,
+                                                        bool* without_access) {
+  const std::vector<Range> device = SimDeviceMappings();
+  std::vector<Range> expected, found;
+  for (const SegmentSnapshot& seg : snapshot.segments) {
+    const DevicePtr begin = seg.address, end = seg.address + seg.total_size;
+    if (!seg.expandable) {
+      if (!Accessible(device, begin, end - begin)) {
+        return ::testing::AssertionFailure()
+               << "regular segment " << Range{begin, end, true} << " is not accessible device memory";
+      }
+      continue;
+    }
+    for (const MappedRange& m : seg.mapped)
+      expected.push_back({begin + m.offset, begin + m.offset + m.size, m.accessible});
+    for (const Range& r : device) {
+      if (r.end > begin && r.begin < end)
+        found.push_back({std::max(r.begin, begin), std::min(r.end, end), r.accessible});
+    }
+  }
+  expected = Coalesce(std::move(expected));
+  found = Coalesce(std::move(found));
+  *without_access = std::any_of(found.begin(), found.end(), [](const Range& r) { return !r.accessible; });
+  if (expected != found) {
+    ::testing::AssertionResult failure = ::testing::AssertionFailure()
+                                         << "expandable segments: the allocator has mapped";
+    for (const Range& r : expected) failure << " " << r;
+    failure << "; the device has mapped";
+    for (const Range& r : found) failure << " " << r;
+    return failure;
+  }
+  return ::testing::AssertionSuccess();
 }
 
 }  // namespace graphalloc::testing

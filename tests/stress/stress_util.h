@@ -67,6 +67,35 @@ inline ::testing::AssertionResult DeviceHoldsNothing(const SimDriver& sim, bool 
          << c.graph_execs;
 }
 
+// Every byte is accounted for: the allocator's reserved bytes are exactly the device memory mapped or
+// allocated for it, mappings come from handles, and regular segments (not `expandable`) hold no VMM
+// resource.
+inline ::testing::AssertionResult DeviceAccountsForReserved(const SimDriver& sim,
+                                                            const CachingAllocator& allocator,
+                                                            bool expandable) {
+  const SimCounters c = sim.Counters();
+  const auto reserved = static_cast<std::size_t>(allocator.GetStats().reserved_bytes.all().current);
+  if (reserved != c.mapped_bytes + c.allocated_bytes) {
+    return ::testing::AssertionFailure()
+           << "the allocator reserves " << reserved << " bytes; the device has " << c.mapped_bytes
+           << " mapped and " << c.allocated_bytes << " allocated";
+  }
+  if (c.handle_bytes < c.mapped_bytes) {
+    return ::testing::AssertionFailure()
+           << c.mapped_bytes << " bytes mapped from handles of " << c.handle_bytes;
+  }
+  if (sim.UsedBytes() != c.handle_bytes + c.allocated_bytes) {
+    return ::testing::AssertionFailure() << "device uses " << sim.UsedBytes() << " bytes; handles "
+                                         << c.handle_bytes << ", allocations " << c.allocated_bytes;
+  }
+  if (!expandable && (c.reservations != 0 || c.handles != 0 || c.mappings != 0)) {
+    return ::testing::AssertionFailure()
+           << "regular segments hold VMM resources: " << c.reservations << " reservations, " << c.handles
+           << " handles, " << c.mappings << " mappings";
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Once every block is freed: lets the device finish its work, empties the cache, and checks that the
 // invariants hold, the allocator is empty and the device holds none of its memory. Run before the
 // allocator is destroyed, whose destructor would hide a leak.
