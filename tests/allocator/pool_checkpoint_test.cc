@@ -18,6 +18,7 @@
 #include "tests/testing/device_memory.h"
 #include "tests/testing/status_macros.h"
 #include "tests/testing/test_device.h"
+#include "tests/testing/test_scale.h"
 
 namespace graphalloc {
 namespace {
@@ -233,17 +234,12 @@ struct Live {
   std::uint64_t id;
 };
 
-std::uint64_t SeedFromEnvironment(std::uint64_t fallback) {
-  const char* text = std::getenv("GRAPHALLOC_TEST_SEED");
-  return text != nullptr ? std::strtoull(text, nullptr, 10) : fallback;
-}
-
 TEST_P(PoolCheckpointTest, RandomCheckpointDivergeRestoreRoundsAreExact) {
   GRAPHALLOC_ALLOCATOR_SETUP(WithExpandable(GetParam()));
   if (!testing::OnSimulatedDevice())
     GTEST_SKIP() << "the 5,000-round property test runs on the simulated device";
   SetUpPool();
-  const std::uint64_t seed = SeedFromEnvironment(GetParam() ? 20261121 : 11212026);
+  const std::uint64_t seed = testing::TestSeed(GetParam() ? 20261121 : 11212026);
   std::cout << "PoolCheckpointTest seed=" << seed << " expandable=" << GetParam()
             << " (set GRAPHALLOC_TEST_SEED to replay)\n";
   std::mt19937_64 rng(seed);

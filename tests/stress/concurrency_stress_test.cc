@@ -240,7 +240,7 @@ class ConcurrencyStressTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ConcurrencyStressTest, EightThreadsOnOneAllocatorKeepItConsistent) {
   const bool expandable = GetParam();
-  const std::uint64_t seed = testing::StressSeed(20251121);
+  const std::uint64_t seed = testing::TestSeed(20251121);
   const int operations = testing::StressOps(5000);
   const int seconds = StressSeconds();
   std::cout << "ConcurrencyStressTest " << (expandable ? "expandable" : "regular")

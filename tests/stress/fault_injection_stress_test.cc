@@ -93,7 +93,7 @@ class FaultInjectionStress {
   FaultInjectionStress(const Scenario& scenario, bool expandable)
       : scenario_(scenario),
         expandable_(expandable),
-        seed_(testing::StressSeed(scenario.default_seed)),
+        seed_(testing::TestSeed(scenario.default_seed)),
         operations_(testing::StressOps(scenario.operations)),
         rng_(seed_) {}
 

@@ -1,39 +1,22 @@
-// Helpers shared by the stress tests: the seed (printed, replayable) and scaled operation counts.
+// Helpers shared by the stress tests: their operation counts (tests/testing/test_scale.h has the seed and
+// the scale), and the checks that nothing leaked.
 #ifndef GRAPHALLOC_TESTS_STRESS_STRESS_UTIL_H_
 #define GRAPHALLOC_TESTS_STRESS_STRESS_UTIL_H_
 
-#include <algorithm>
-#include <cstdint>
-#include <cstdlib>
+#include <cstddef>
 
 #include "allocator/caching_allocator.h"
 #include "allocator/device/sim_driver.h"
 #include "allocator/stats.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_scale.h"
 
 namespace graphalloc::testing {
-
-// GRAPHALLOC_TEST_SEED when set (to replay a failing run), else `fallback`.
-inline std::uint64_t StressSeed(std::uint64_t fallback) {
-  const char* text = std::getenv("GRAPHALLOC_TEST_SEED");
-  return text != nullptr && *text != '\0' ? std::strtoull(text, nullptr, 10) : fallback;
-}
-
-// A positive number from the environment variable `name`, or 1.
-inline double ScaleFromEnvironment(const char* name) {
-  const char* text = std::getenv(name);
-  const double scale = text != nullptr && *text != '\0' ? std::strtod(text, nullptr) : 1.0;
-  return scale > 0 ? scale : 1.0;
-}
 
 // `base` operations (at least one), times GRAPHALLOC_TEST_SCALE (scripts/test.sh sets it below 1 for the
 // sanitizer builds, where every operation costs several times more) and times GRAPHALLOC_STRESS_SCALE (a
 // soak: GRAPHALLOC_STRESS_SCALE=100).
-inline int StressOps(int base) {
-  const double scale =
-      ScaleFromEnvironment("GRAPHALLOC_TEST_SCALE") * ScaleFromEnvironment("GRAPHALLOC_STRESS_SCALE");
-  return std::max(1, static_cast<int>(base * scale));
-}
+inline int StressOps(int base) { return ScaledCount(base, ScaleFromEnvironment("GRAPHALLOC_STRESS_SCALE")); }
 
 // The allocator holds no block and no device memory: allocations, active blocks, allocated and reserved
 // bytes and segments are all zero.
