@@ -35,15 +35,6 @@ inline int ScaledCount(int base, double extra = 1.0, int at_least = 1) {
   return std::max(at_least, static_cast<int>(base * TestScale() * extra));
 }
 
-// A size of `base` elements (or bytes) times GRAPHALLOC_TEST_SCALE, at least `at_least`, keeping
-// `base`'s remainder modulo `modulus`: sizes chosen for their tails (odd, not a multiple of a vector
-// width) keep that tail.
-inline std::size_t ScaledSize(std::size_t base, std::size_t at_least, std::size_t modulus = 1) {
-  const auto scaled = static_cast<std::size_t>(static_cast<double>(base) * std::min(1.0, TestScale()));
-  const std::size_t n = std::max(at_least, scaled);
-  return n - n % modulus + base % modulus;
-}
-
 }  // namespace graphalloc::testing
 
 #endif  // GRAPHALLOC_TESTS_TESTING_TEST_SCALE_H_
