@@ -412,13 +412,14 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     // The new chain: the checkpoint's blocks, or (a segment created since) one free range. Free ranges of
     // an expandable segment follow its chunk map, since what is mapped now is what the blocks must say.
     pieces.clear();
+    const Segment* const this_segment = segment;  // clang 14 cannot capture structured bindings
     auto add_free = [&](DevicePtr begin, DevicePtr end) {
-      if (!segment->expandable) {
+      if (!this_segment->expandable) {
         pieces.push_back({begin, end - begin, false, true, 0});
         return;
       }
       DevicePtr at = begin;
-      const auto& chunks = segment->vmm->chunks();
+      const auto& chunks = this_segment->vmm->chunks();
       auto it = chunks.upper_bound(begin);
       if (it != chunks.begin()) --it;
       for (; at < end; ++it) {
