@@ -1,4 +1,5 @@
 // TakeSnapshot(): the allocator's segments, blocks, statistics and history as a MemorySnapshot.
+#include <algorithm>
 #include <chrono>
 
 #include "absl/container/flat_hash_map.h"
@@ -43,10 +44,14 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
     if (segment->vmm != nullptr) {
       for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
         const std::uint64_t offset = ptr - segment->base;
-        if (!out.mapped.empty() && out.mapped.back().offset + out.mapped.back().size == offset) {
+        const DevicePtr at = ptr;  // clang 14 cannot capture structured bindings
+        const bool accessible = std::none_of(quarantine_.begin(), quarantine_.end(),
+                                             [at](const QuarantinedChunk& q) { return q.chunk.ptr == at; });
+        if (!out.mapped.empty() && out.mapped.back().offset + out.mapped.back().size == offset &&
+            out.mapped.back().accessible == accessible) {
           out.mapped.back().size += chunk.size;
         } else {
-          out.mapped.push_back({offset, chunk.size});
+          out.mapped.push_back({offset, chunk.size, accessible});
         }
       }
     }

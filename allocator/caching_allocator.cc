@@ -376,7 +376,8 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     ReleaseBlock(*shard, block);
     const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
     shard->mu.Unlock();
-    return last_of_orphan != kDefaultPool ? MaybeReleasePool(last_of_orphan) : absl::OkStatus();
+    ReleaseOrphanAfterFree(last_of_orphan);
+    return absl::OkStatus();
   }
   // Marked at once, so that a concurrent second Free of the same pointer is refused.
   block->freeing = true;
@@ -397,7 +398,15 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     SpinLockHolder lock(&shard->mu);
     last_of_orphan = LastBlockOfOrphan(*shard);
   }
-  return last_of_orphan != kDefaultPool ? MaybeReleasePool(last_of_orphan) : absl::OkStatus();
+  ReleaseOrphanAfterFree(last_of_orphan);
+  return absl::OkStatus();
+}
+
+void CachingAllocator::ReleaseOrphanAfterFree(PoolId pool) {
+  if (pool == kDefaultPool) return;
+  // The free is done: a device failure while the pool's memory goes back must not report it as failed
+  // (the caller would think the block still theirs). The memory stays cached; EmptyCache finishes the job.
+  (void)MaybeReleasePool(pool);
 }
 
 PoolId CachingAllocator::LastBlockOfOrphan(const StreamShard& shard) const {

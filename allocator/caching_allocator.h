@@ -179,6 +179,8 @@ class CachingAllocator {
   // The id of the shard's pool when that pool waits only for its last live block to go (now gone), else
   // kDefaultPool: the caller then releases it (MaybeReleasePool) with the lock dropped.
   PoolId LastBlockOfOrphan(const StreamShard& shard) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // After a free that succeeded: releases `pool` (kDefaultPool: none), ignoring device failures.
+  void ReleaseOrphanAfterFree(PoolId pool);
 
   // ---- Slow path (allocation_slow_path.cc). ----
   absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, std::size_t size, std::size_t requested);
@@ -228,9 +230,16 @@ class CachingAllocator {
   // A block out of every index (in flight or just mapped/unmapped) goes back: merged with neighbours of
   // its mapped state, into the free index or the unmapped index.
   void ReturnToIndex(StreamShard& shard, Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // The in-flight block `b`, tiled exactly by `chunks`, goes back with chunk i mapped iff mapped[i].
+  // The in-flight block `b`, tiled exactly by `chunks`, goes back with chunk i mapped iff mapped[i]. A chunk
+  // with no_access[i] (mapped, but without access: see quarantine_) becomes a block of its own that stays in
+  // flight, quarantined.
   void SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,
-                      const std::vector<bool>& mapped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+                      const std::vector<bool>& mapped, const std::vector<bool>& no_access = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu, device_mu_);
+  // Retries the quarantined chunks (quarantine_): grants access to each, or else, with `may_unmap`, unmaps it
+  // (its handle goes to the handle cache); a chunk neither call fixes stays quarantined, and the first
+  // error is returned. A fixed chunk becomes a free mapped (or unmapped) block.
+  absl::Status RepairQuarantinedChunks(bool may_unmap);
   // Chunk bookkeeping for a map or an unmap that happened (chunk map, reserved bytes, counters, history).
   void AccountMapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   void AccountUnmapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
@@ -307,6 +316,18 @@ class CachingAllocator {
   HandleCache handle_cache_ ABSL_GUARDED_BY(device_mu_);
   std::size_t growth_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;
   std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);
+  // Chunks mapped without access: a mapping call sequence failed (at a later map or at the access call) and
+  // the device then refused to unmap what it had mapped. Such a chunk must never be handed out (touching
+  // it faults), yet the device holds it: it stays mapped and counted as reserved, as a block of its own
+  // that stays in flight (out of every index, merged with nothing) until RepairQuarantinedChunks() grants
+  // access or unmaps it (at the next growth, release, checkpoint or restore). Snapshots show its range
+  // as mapped without access.
+  struct QuarantinedChunk {
+    Block* block;  // in flight, exactly the chunk
+    ChunkPlacement chunk;
+  };
+  std::vector<QuarantinedChunk> quarantine_ ABSL_GUARDED_BY(device_mu_);
+  std::atomic<std::size_t> quarantined_{0};  // quarantine_.size(), read without the lock
 
   // Private pools, and the shards of released ones waiting for reuse.
   absl::btree_map<PoolId, std::unique_ptr<PoolState>> pools_ ABSL_GUARDED_BY(device_mu_);

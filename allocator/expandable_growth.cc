@@ -110,6 +110,9 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shar
   const bool small = IsSmall(size);
   const std::size_t reservation = RoundUpTo(driver_->Info().total_memory, driver_->Info().granularity);
   if (size > reservation) return DevicePtr{0};
+  // A chunk left mapped without access by an earlier failure is fixed before more memory is mapped (it
+  // may serve this request then). Not unmapped during a capture, which forbids freeing device memory.
+  (void)RepairQuarantinedChunks(/*may_unmap=*/captures_underway_.load(std::memory_order_acquire) == 0);
   bool created = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
     GrowthPlan plan;
@@ -397,7 +400,8 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   // 3. Map each hole and grant access.
   std::vector<std::vector<ChunkPlacement>> placed(plan.holes.size());
   std::vector<std::vector<bool>> hole_mapped(plan.holes.size());
-  std::vector<ChunkPlacement> stuck;
+  std::vector<std::vector<bool>> hole_no_access(plan.holes.size());
+  std::vector<ChunkPlacement> no_access;
   std::size_t holes_mapped = 0;
   for (std::size_t i = 0; i < plan.holes.size(); ++i) {
     DevicePtr at = plan.holes[i].block->ptr;
@@ -406,9 +410,10 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
       at += src.size;
     }
     hole_mapped[i].assign(placed[i].size(), false);
+    hole_no_access[i].assign(placed[i].size(), false);
   }
   for (; error.ok() && holes_mapped < plan.holes.size(); ++holes_mapped) {
-    absl::Status s = MapChunks(*driver_, placed[holes_mapped], plan.peers, &stuck);
+    absl::Status s = MapChunks(*driver_, placed[holes_mapped], plan.peers, &no_access);
     if (!s.ok()) {
       error = s;
       break;
@@ -416,17 +421,19 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
     hole_mapped[holes_mapped].assign(placed[holes_mapped].size(), true);
   }
   if (!error.ok()) {
-    // Undo the holes mapped before the failure; a chunk whose unmap fails stays mapped (and accounted).
+    // Undo the holes mapped before the failure; a chunk whose unmap fails stays mapped, with its access,
+    // as a free block (and accounted).
     for (std::size_t i = 0; i < holes_mapped; ++i) {
       for (std::size_t k = 0; k < placed[i].size(); ++k) {
         hole_mapped[i][k] = !driver_->MemUnmap(placed[i][k].ptr, placed[i][k].size).ok();
       }
     }
-    for (const ChunkPlacement& c : stuck) {
-      for (std::size_t i = 0; i < placed.size(); ++i) {
-        for (std::size_t k = 0; k < placed[i].size(); ++k) {
-          if (placed[i][k].ptr == c.ptr) hole_mapped[i][k] = true;
-        }
+    // The failed hole's chunks that MapChunks could not unmap stay mapped without access: quarantined.
+    for (const ChunkPlacement& c : no_access) {
+      for (std::size_t k = 0; k < placed[holes_mapped].size(); ++k) {
+        if (placed[holes_mapped][k].ptr != c.ptr) continue;
+        hole_mapped[holes_mapped][k] = true;
+        hole_no_access[holes_mapped][k] = true;
       }
     }
   }
@@ -456,7 +463,7 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
       if (src.stolen >= 0 && !stolen_unmapped[static_cast<std::size_t>(src.stolen)]) continue;
       handle_cache_.Put(c.size, c.handle);
     }
-    SettleInFlight(shard, b, placed[i], hole_mapped[i]);
+    SettleInFlight(shard, b, placed[i], hole_mapped[i], hole_no_access[i]);
   }
   for (Block* b : plan.run) {
     b->in_flight = false;
@@ -533,18 +540,30 @@ void CachingAllocator::ReturnToIndex(StreamShard& shard, Block* b) {
 }
 
 void CachingAllocator::SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,
-                                      const std::vector<bool>& mapped) {
-  // Split where the mapped state changes, then return each piece.
+                                      const std::vector<bool>& mapped, const std::vector<bool>& no_access) {
+  auto quarantined = [&](std::size_t i) { return !no_access.empty() && no_access[i]; };
+  // Split where the mapped state changes and around each quarantined chunk, then return each piece.
   std::vector<Block*> pieces{b};
+  std::vector<std::size_t> first_chunk{0};
   b->mapped = mapped[0];
   for (std::size_t i = 1; i < chunks.size(); ++i) {
-    if (mapped[i] == mapped[i - 1]) continue;
+    if (mapped[i] == mapped[i - 1] && !quarantined(i) && !quarantined(i - 1)) continue;
     Block* piece = SplitOff(shard, pieces.back(), chunks[i].ptr);
     piece->mapped = mapped[i];
     pieces.push_back(piece);
+    first_chunk.push_back(i);
   }
-  for (Block* piece : pieces) piece->in_flight = false;
-  for (Block* piece : pieces) ReturnToIndex(shard, piece);
+  for (std::size_t p = 0; p < pieces.size(); ++p) {
+    if (quarantined(first_chunk[p])) {
+      quarantine_.push_back({pieces[p], chunks[first_chunk[p]]});  // stays in flight
+      quarantined_.store(quarantine_.size(), std::memory_order_relaxed);
+    } else {
+      pieces[p]->in_flight = false;
+    }
+  }
+  for (Block* piece : pieces) {
+    if (!piece->in_flight) ReturnToIndex(shard, piece);
+  }
 }
 
 absl::Status CachingAllocator::ReleaseCachedHandles() {

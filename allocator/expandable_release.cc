@@ -1,12 +1,59 @@
 // Expandable segments, release: unmap every chunk wholly covered by free blocks (anywhere in a segment,
 // also between live blocks), release the physical handles, and give back reservations left wholly
 // unmapped. EmptyCache() and the slow path before out-of-memory call it; driver calls run with every lock
-// released, the blocks concerned being in flight meanwhile.
+// released, the blocks concerned being in flight meanwhile. Also the repair of quarantined chunks (mapped
+// without access), which a release tries first.
 #include <algorithm>
 
 #include "allocator/caching_allocator.h"
 
 namespace graphalloc {
+
+absl::Status CachingAllocator::RepairQuarantinedChunks(bool may_unmap) {
+  if (quarantined_.load(std::memory_order_relaxed) == 0) return absl::OkStatus();
+  std::vector<QuarantinedChunk> work;
+  std::vector<int> peers;
+  {
+    MutexLock lock(&device_mu_);
+    work.swap(quarantine_);  // the blocks stay in flight: this call owns them now
+    quarantined_.store(0, std::memory_order_relaxed);
+    peers = peers_;
+  }
+  enum Outcome { kAccessible, kUnmapped, kStillQuarantined };
+  std::vector<Outcome> outcomes(work.size(), kStillQuarantined);
+  absl::Status first_error;
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    const ChunkPlacement& c = work[i].chunk;
+    absl::Status s = driver_->MemSetAccess(c.ptr, c.size, peers);
+    if (s.ok()) {
+      outcomes[i] = kAccessible;
+      continue;
+    }
+    if (may_unmap) {
+      s = driver_->MemUnmap(c.ptr, c.size);
+      if (s.ok()) {
+        outcomes[i] = kUnmapped;
+        continue;
+      }
+    }
+    if (first_error.ok()) first_error = s;
+  }
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    Block* b = work[i].block;
+    const ChunkPlacement& c = work[i].chunk;
+    StreamShard& shard = *b->segment->shard;
+    SpinLockHolder shard_lock(&shard.mu);
+    MutexLock lock(&device_mu_);
+    if (outcomes[i] == kUnmapped) {
+      AccountUnmapped(b->segment, c);
+      handle_cache_.Put(c.size, c.handle);  // reused by the next growth, or released with the cache
+    }
+    SettleInFlight(shard, b, std::span<const ChunkPlacement>(&c, 1),
+                   std::vector<bool>{outcomes[i] != kUnmapped},
+                   std::vector<bool>{outcomes[i] == kStillQuarantined});
+  }
+  return first_error;
+}
 
 absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId scope)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -16,6 +63,8 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
     std::vector<ChunkPlacement> chunks;
     std::vector<bool> still_mapped;
   };
+  // Quarantined chunks first: unmapped here, or made accessible and so free memory the sweep can unmap.
+  absl::Status first_error = RepairQuarantinedChunks(/*may_unmap=*/true);
   const std::size_t gran = driver_->Info().granularity;
   std::vector<Job> jobs;
   std::vector<ChunkPlacement> cached;
@@ -43,10 +92,14 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
   shard_set_mu_.Unlock();
 
-  absl::Status first_error;
   // Work queued before the blocks were freed may still use them: an unmap is not stream-ordered, so the
   // device finishes that work first (as PyTorch does before it unmaps). Without that, nothing is unmapped.
-  const bool device_idle = jobs.empty() || (first_error = driver_->DeviceSynchronize()).ok();
+  bool device_idle = true;
+  if (!jobs.empty()) {
+    absl::Status s = driver_->DeviceSynchronize();
+    device_idle = s.ok();
+    if (!s.ok() && first_error.ok()) first_error = s;
+  }
   std::vector<ChunkPlacement> to_release = std::move(cached);
   for (Job& job : jobs) {
     job.still_mapped.assign(job.chunks.size(), true);

@@ -3,7 +3,7 @@
 namespace graphalloc {
 
 absl::Status MapChunks(Driver& driver, std::span<const ChunkPlacement> chunks, std::span<const int> peers,
-                       std::vector<ChunkPlacement>* stuck) {
+                       std::vector<ChunkPlacement>* no_access) {
   if (chunks.empty()) return absl::OkStatus();
   std::size_t mapped = 0;
   absl::Status status;
@@ -19,7 +19,7 @@ absl::Status MapChunks(Driver& driver, std::span<const ChunkPlacement> chunks, s
     if (status.ok()) return status;
   }
   for (std::size_t i = 0; i < mapped; ++i) {
-    if (!driver.MemUnmap(chunks[i].ptr, chunks[i].size).ok()) stuck->push_back(chunks[i]);
+    if (!driver.MemUnmap(chunks[i].ptr, chunks[i].size).ok()) no_access->push_back(chunks[i]);
   }
   return status;
 }

@@ -67,9 +67,11 @@ class ExpandableSegment {
 
 // Maps each chunk at its address, then grants access (this device and `peers`) over [first, last) of them,
 // which must be contiguous. On failure, unmaps what it mapped and returns the error; a chunk whose undo
-// unmap also fails stays mapped and is appended to `stuck` (the caller keeps accounting for it).
+// unmap also fails stays mapped *without access* (access is granted only once every chunk is mapped) and
+// is appended to `no_access`: the caller keeps accounting for it and must not hand it out (it quarantines
+// it: CachingAllocator::SettleInFlight).
 absl::Status MapChunks(Driver& driver, std::span<const ChunkPlacement> chunks, std::span<const int> peers,
-                       std::vector<ChunkPlacement>* stuck);
+                       std::vector<ChunkPlacement>* no_access);
 
 }  // namespace graphalloc
 

@@ -122,6 +122,15 @@ absl::Status CachingAllocator::CheckPoolQuiet(const std::vector<StreamShard*>& s
   for (const auto& [base, segment] : segments_) {
     if (std::find(shards.begin(), shards.end(), segment->shard) == shards.end()) continue;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      const bool quarantined =
+          b->in_flight && std::any_of(quarantine_.begin(), quarantine_.end(),
+                                      [b](const QuarantinedChunk& q) { return q.block == b; });
+      if (quarantined) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "pool %d holds a chunk at 0x%x (%d bytes) that the device mapped but would neither grant access "
+            "to nor unmap; retry (EmptyCache() retries it too)",
+            segment->shard->pool->id, b->ptr, b->size));
+      }
       if (b->in_flight) {
         return absl::FailedPreconditionError(
             absl::StrFormat("pool %d is being changed by another thread (block 0x%x); the pool must be quiet",
@@ -143,6 +152,8 @@ absl::StatusOr<PoolCheckpoint> CachingAllocator::Checkpoint(const PrivatePool& p
   if (pool.allocator() != this) {
     return absl::InvalidArgumentError("Checkpoint: the pool handle is empty or belongs to another allocator");
   }
+  // A quarantined chunk would make the pool look busy (CheckPoolQuiet): fix what can be fixed first.
+  (void)RepairQuarantinedChunks(/*may_unmap=*/captures_underway_.load(std::memory_order_acquire) == 0);
   std::vector<StreamShard*> shards = LockPoolShards(pool.id());
   device_mu_.Lock();
   absl::Status status = CheckPoolQuiet(shards);
@@ -191,6 +202,8 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   for (const CheckpointSegment& s : checkpoint.segments) {
     if (absl::Status st = ValidateSegmentState(s, gran); !st.ok()) return st;
   }
+  // A quarantined chunk would make the pool look busy (CheckPoolQuiet): fix what can be fixed first.
+  (void)RepairQuarantinedChunks(/*may_unmap=*/true);
 
   // Validation against the live pool, run with the locks held (phase 1 and again in phase 2).
   auto validate = [&](const std::vector<StreamShard*>& shards) -> absl::Status {
@@ -214,6 +227,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     Block* block;  // in flight, unmapped
     ChunkPlacement chunk;
     bool mapped = false;
+    bool no_access = false;  // mapped, but neither granted access nor unmapped: quarantined
   };
 
   // ---- Phase 1: map the ranges the checkpoint had mapped that are unmapped now. ----
@@ -262,7 +276,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     if (!st.ok()) return st;
   }
   absl::Status map_error;
-  std::vector<ChunkPlacement> stuck;
+  std::vector<ChunkPlacement> no_access;
   for (MapJob& job : map_jobs) {
     absl::StatusOr<PhysicalHandle> h = driver_->MemCreate(job.chunk.size);
     if (absl::IsResourceExhausted(h.status()) && ReleaseCachedHandles().ok())
@@ -272,11 +286,12 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       break;
     }
     job.chunk.handle = *h;
-    if (absl::Status s = MapChunks(*driver_, std::span<const ChunkPlacement>(&job.chunk, 1), peers, &stuck);
+    if (absl::Status s =
+            MapChunks(*driver_, std::span<const ChunkPlacement>(&job.chunk, 1), peers, &no_access);
         !s.ok()) {
       map_error = s;
-      // A chunk whose undo failed stays mapped: accounted below like any other mapping.
-      job.mapped = !stuck.empty();
+      // A chunk whose undo failed stays mapped without access: unmapped again below, else quarantined.
+      job.mapped = job.no_access = !no_access.empty();
       if (!job.mapped) (void)driver_->MemRelease(job.chunk.handle);
       break;
     }
@@ -284,11 +299,11 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   }
   if (!map_error.ok()) {
     // Undo: the pool goes back to its layout before the call (a chunk the driver will not unmap stays
-    // mapped and accounted, as a free block).
+    // mapped and accounted, as a free block, or quarantined when it has no access).
     for (MapJob& job : map_jobs) {
       if (!job.mapped) continue;
       if (driver_->MemUnmap(job.chunk.ptr, job.chunk.size).ok()) {
-        job.mapped = false;
+        job.mapped = job.no_access = false;
         MutexLock lock(&device_mu_);
         handle_cache_.Put(job.chunk.size, job.chunk.handle);
       }
@@ -300,7 +315,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     for (MapJob& job : map_jobs) {
       if (job.mapped) AccountMapped(job.block->segment, job.chunk);
       SettleInFlight(*job.shard, job.block, std::span<const ChunkPlacement>(&job.chunk, 1),
-                     std::vector<bool>{job.mapped});
+                     std::vector<bool>{job.mapped}, std::vector<bool>{job.no_access});
     }
     device_mu_.Unlock();
     for (StreamShard* shard : shards) shard->mu.Unlock();
@@ -398,13 +413,14 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     // The new chain: the checkpoint's blocks, or (a segment created since) one free range. Free ranges of
     // an expandable segment follow its chunk map, since what is mapped now is what the blocks must say.
     pieces.clear();
+    const Segment* const this_segment = segment;  // clang 14 cannot capture structured bindings
     auto add_free = [&](DevicePtr begin, DevicePtr end) {
-      if (!segment->expandable) {
+      if (!this_segment->expandable) {
         pieces.push_back({begin, end - begin, false, true, 0});
         return;
       }
       DevicePtr at = begin;
-      const auto& chunks = segment->vmm->chunks();
+      const auto& chunks = this_segment->vmm->chunks();
       auto it = chunks.upper_bound(begin);
       if (it != chunks.begin()) --it;
       for (; at < end; ++it) {

@@ -12,7 +12,8 @@
 # information (-g1: symbolized stack traces and sanitizer reports with file:line, at about a quarter less
 # compile time than -g). Under the sanitizers, which run the same code 5-50x slower to check memory and
 # races rather than more states, randomized tests run GRAPHALLOC_TEST_SCALE of their operations (the
-# stress tests read it; the normal build keeps every count an issue asks for). Each stage prints its wall
+# stress, randomized allocator, shipped-trace and RNG tests read it through tests/testing/test_scale.h; the
+# normal build keeps every count an issue asks for). Each stage prints its wall
 # and CPU time and its slowest tests.
 #
 #   GRAPHALLOC_TEST_STAGES  which stages, in order (default "normal asan tsan fuzz")

@@ -29,9 +29,11 @@ std::optional<Enum> ParseName(const std::array<absl::string_view, N>& names, abs
 std::string Hex(std::uint64_t value) { return absl::StrCat("0x", absl::Hex(value)); }
 
 // Bytes of [begin, end) (segment-relative) that lie inside the sorted mapped ranges.
+// Bytes of [begin, end) inside accessible mapped ranges.
 std::uint64_t MappedOverlap(const std::vector<MappedRange>& mapped, std::uint64_t begin, std::uint64_t end) {
   std::uint64_t bytes = 0;
   for (const MappedRange& r : mapped) {
+    if (!r.accessible) continue;
     const std::uint64_t lo = std::max(begin, r.offset);
     const std::uint64_t hi = std::min(end, r.offset + r.size);
     if (lo < hi) bytes += hi - lo;
@@ -119,7 +121,9 @@ absl::Status ValidateSnapshot(const MemorySnapshot& snapshot) {
       if (seg.expandable && block.state != BlockState::kFree) {
         const std::uint64_t offset = block.address - seg.address;
         if (MappedOverlap(seg.mapped, offset, offset + block.size) != block.size) {
-          return error(bpath, "an allocated or pending-free block of an expandable segment must be mapped");
+          return error(
+              bpath,
+              "an allocated or pending-free block of an expandable segment must be mapped with access");
         }
       }
       expected = block.address + block.size;

@@ -79,6 +79,9 @@ struct BlockSnapshot {
 struct MappedRange {
   std::uint64_t offset = 0;
   std::uint64_t size = 0;
+  // False for memory the device mapped but refused access to and then refused to unmap (the allocator
+  // quarantines it: never handed out, retried at the next growth or release). Reserved, but not usable.
+  bool accessible = true;
   friend bool operator==(const MappedRange&, const MappedRange&) = default;
 };
 
@@ -147,8 +150,8 @@ struct MemorySnapshot {
 // Structural invariants: segments sorted by address and disjoint, each with a non-zero size and at least
 // one block; blocks non-empty, contiguous from the segment's address and covering it exactly; mapped
 // ranges only on expandable segments, sorted, disjoint and inside the segment; allocated and pending-free
-// blocks of an expandable segment inside mapped ranges; requested_size <= size. InvalidArgument naming the
-// first violation by path ("segments[3].blocks[7].address: ...").
+// blocks of an expandable segment inside accessible mapped ranges; requested_size <= size. InvalidArgument
+// naming the first violation by path ("segments[3].blocks[7].address: ...").
 absl::Status ValidateSnapshot(const MemorySnapshot& snapshot);
 
 // Totals computed from the segments and blocks.
@@ -157,7 +160,7 @@ struct SnapshotTotals {
   std::uint64_t allocated_bytes = 0;  // blocks in state kAllocated
   std::uint64_t active_bytes = 0;     // allocated + pending free
   std::uint64_t requested_bytes = 0;  // requested_size of active blocks
-  std::uint64_t free_bytes = 0;       // free blocks (inside mapped ranges for expandable segments)
+  std::uint64_t free_bytes = 0;       // free blocks (inside accessible mapped ranges for expandable ones)
   std::uint64_t largest_free_block = 0;
   std::int64_t allocations = 0;  // blocks in state kAllocated
   std::int64_t active_blocks = 0;

@@ -319,6 +319,7 @@ absl::Status ReadSegment(const json& value, const std::string& path, SegmentSnap
       MappedRange range;
       GA_RETURN_IF_ERROR(m->U64("offset", &range.offset));
       GA_RETURN_IF_ERROR(m->U64("size", &range.size));
+      GA_RETURN_IF_ERROR(m->Bool("accessible", &range.accessible, false));
       s->mapped.push_back(range);
     }
   }

@@ -197,6 +197,7 @@ void WriteSegment(JsonOut& j, StackTable& stacks, const SegmentSnapshot& s) {
       j.U64(s.mapped[i].offset);
       j.Raw(",\"size\":");
       j.U64(s.mapped[i].size);
+      if (!s.mapped[i].accessible) j.Raw(",\"accessible\":false");
       j.Char('}');
     }
     j.Char(']');

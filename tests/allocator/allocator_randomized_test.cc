@@ -1,24 +1,21 @@
 // 100,000 random operations over several streams and sizes (512 B to 64 MiB): every live block holds a
 // pattern derived from its id, verified when it is freed; invariants are checked after every step.
-// Set GRAPHALLOC_TEST_SEED to replay a failing run; the seed is printed.
+// Set GRAPHALLOC_TEST_SEED to replay a failing run; the seed is printed. GRAPHALLOC_TEST_SCALE scales the
+// operation counts (scripts/test.sh shortens them under the sanitizers).
 #include <cmath>
-#include <cstdlib>
+#include <iostream>
 #include <random>
 
 #include "allocator/caching_allocator.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/device_memory.h"
+#include "tests/testing/test_scale.h"
 
 namespace graphalloc {
 namespace {
 
 using testing::AllocatorFixture;
-
-std::uint64_t SeedFromEnvironment(std::uint64_t fallback) {
-  const char* text = std::getenv("GRAPHALLOC_TEST_SEED");
-  return text != nullptr ? std::strtoull(text, nullptr, 10) : fallback;
-}
 
 struct Live {
   DevicePtr ptr;
@@ -28,10 +25,13 @@ struct Live {
 
 class AllocatorRandomizedTest : public AllocatorFixture {
  protected:
-  void Run(Config config, std::uint64_t default_seed, int operations) {
+  // `base_operations` times GRAPHALLOC_TEST_SCALE (shorter under the sanitizers).
+  void Run(Config config, std::uint64_t default_seed, int base_operations) {
     GRAPHALLOC_ALLOCATOR_SETUP(config);
-    const std::uint64_t seed = SeedFromEnvironment(default_seed);
-    std::cout << "AllocatorRandomizedTest seed=" << seed << " (set GRAPHALLOC_TEST_SEED to replay)\n";
+    const std::uint64_t seed = testing::TestSeed(default_seed);
+    const int operations = testing::ScaledCount(base_operations);
+    std::cout << "AllocatorRandomizedTest seed=" << seed
+              << " (set GRAPHALLOC_TEST_SEED to replay) operations=" << operations << "\n";
     std::mt19937_64 rng(seed);
     const Stream streams[] = {kDefaultStream, NewStream(), NewStream()};
     std::vector<Live> live;

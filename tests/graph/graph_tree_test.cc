@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "tests/graph/graph_test_util.h"
-#include "tests/stress/stress_util.h"
+#include "tests/testing/test_scale.h"
 
 namespace graphalloc::testing {
 namespace {
@@ -576,7 +576,7 @@ TEST_F(GraphTreeTest, DumpNamesFunctionsAddressesAndReRecordReasons) {
 }
 
 TEST_F(GraphTreeTest, RandomizedStepsMatchTheHostReference) {
-  const std::uint64_t seed = StressSeed(20261122);
+  const std::uint64_t seed = TestSeed(20261122);
   std::cout << "GraphTreeTest.RandomizedStepsMatchTheHostReference seed=" << seed
             << " (set GRAPHALLOC_TEST_SEED to replay)\n";
   std::mt19937_64 rng(seed);

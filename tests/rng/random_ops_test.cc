@@ -1,10 +1,12 @@
 // The random kernels on the selected device (sim by default, the GPU for the `gpu` entry): Philox known
 // answers through the device path, cuRAND stream vectors through FillBits, fills and dropout equal to the
 // host computation bit for bit, captured PhiloxArgs read at run time, and (GPU only) real cuRAND agreement.
+// GRAPHALLOC_TEST_SCALE below 1 (the sanitizer builds) shortens the multi-iteration fills.
 #include "rng/random_ops.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "tests/rng/philox_vectors.h"
 #include "tests/rng/rng_test_util.h"
 #include "tests/testing/test_device.h"
+#include "tests/testing/test_scale.h"
 
 #if defined(GRAPHALLOC_RNG_TEST_HAVE_CUDA)
 #include "tests/rng/curand_reference.h"
@@ -255,9 +258,13 @@ TEST(RandomOpsTest, CapturedArgsReadTheSlotsWhenTheKernelRuns) {
 // The device kernels take a fast path (several subsequences per thread, vector stores, no bounds checks in
 // whole iterations) when the offset is a multiple of 4, the counter's low word does not wrap during the
 // launch and the buffers are aligned; otherwise the shared per-thread body. Both must equal the host twin
-// bit for bit, over several whole iterations plus a partial one.
+// bit for bit, over several whole iterations plus a partial one (three whole ones; under the sanitizers,
+// GRAPHALLOC_TEST_SCALE below 1, one: the loop still runs a whole iteration and a partial one).
 constexpr std::size_t kFullThreads = 1056 * 256;
-constexpr std::size_t kManyIterations = 3 * 4 * kFullThreads + 1001;
+std::size_t ManyIterations() {
+  const auto whole = static_cast<std::size_t>(std::min(3, testing::ScaledCount(3)));
+  return whole * 4 * kFullThreads + 1001;
+}
 
 struct FillCase {
   rng_body::ElementType type;
@@ -270,7 +277,7 @@ TEST(RandomOpsTest, MultiIterationFillsEqualTheHostTwinOnFastAndFallbackPaths) {
   GRAPHALLOC_REQUIRE_DEVICE(driver);
   using rng_body::Distribution;
   using rng_body::ElementType;
-  const std::size_t n = kManyIterations;
+  const std::size_t n = ManyIterations();
   const std::vector<FillCase> cases = {
       {ElementType::kFloat32, Distribution::kUniform, 0, 0},
       {ElementType::kFloat32, Distribution::kUniform, 44, 1},  // misaligned: fallback
@@ -307,7 +314,7 @@ TEST(RandomOpsTest, MultiIterationFillsEqualTheHostTwinOnFastAndFallbackPaths) {
 
 TEST(RandomOpsTest, MultiIterationCapturedFillReadsTheSlots) {
   GRAPHALLOC_REQUIRE_DEVICE(driver);
-  const std::size_t n = kManyIterations;
+  const std::size_t n = ManyIterations();
   DeviceBuffer slots(*driver, 16), buf(*driver, n * 4);
   ASSERT_TRUE(WritePhiloxSlots(*driver, kDefaultStream, slots.get(), 31, 400).ok());
   const PhiloxArgs captured = PhiloxArgs::Captured(slots.get(), slots.get() + 8, /*intragraph_offset=*/16);
@@ -324,7 +331,7 @@ TEST(RandomOpsTest, MultiIterationCapturedFillReadsTheSlots) {
 
 TEST(RandomOpsTest, MultiIterationDropoutEqualsTheHostTwin) {
   GRAPHALLOC_REQUIRE_DEVICE(driver);
-  const std::size_t n = kManyIterations;
+  const std::size_t n = ManyIterations();
   for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     const std::size_t esize = DTypeSize(dtype);
     const rng_body::ElementType type =

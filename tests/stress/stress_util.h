@@ -1,39 +1,22 @@
-// Helpers shared by the stress tests: the seed (printed, replayable) and scaled operation counts.
+// Helpers shared by the stress tests: their operation counts (tests/testing/test_scale.h has the seed and
+// the scale), and the checks that nothing leaked.
 #ifndef GRAPHALLOC_TESTS_STRESS_STRESS_UTIL_H_
 #define GRAPHALLOC_TESTS_STRESS_STRESS_UTIL_H_
 
-#include <algorithm>
-#include <cstdint>
-#include <cstdlib>
+#include <cstddef>
 
 #include "allocator/caching_allocator.h"
 #include "allocator/device/sim_driver.h"
 #include "allocator/stats.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_scale.h"
 
 namespace graphalloc::testing {
-
-// GRAPHALLOC_TEST_SEED when set (to replay a failing run), else `fallback`.
-inline std::uint64_t StressSeed(std::uint64_t fallback) {
-  const char* text = std::getenv("GRAPHALLOC_TEST_SEED");
-  return text != nullptr && *text != '\0' ? std::strtoull(text, nullptr, 10) : fallback;
-}
-
-// A positive number from the environment variable `name`, or 1.
-inline double ScaleFromEnvironment(const char* name) {
-  const char* text = std::getenv(name);
-  const double scale = text != nullptr && *text != '\0' ? std::strtod(text, nullptr) : 1.0;
-  return scale > 0 ? scale : 1.0;
-}
 
 // `base` operations (at least one), times GRAPHALLOC_TEST_SCALE (scripts/test.sh sets it below 1 for the
 // sanitizer builds, where every operation costs several times more) and times GRAPHALLOC_STRESS_SCALE (a
 // soak: GRAPHALLOC_STRESS_SCALE=100).
-inline int StressOps(int base) {
-  const double scale =
-      ScaleFromEnvironment("GRAPHALLOC_TEST_SCALE") * ScaleFromEnvironment("GRAPHALLOC_STRESS_SCALE");
-  return std::max(1, static_cast<int>(base * scale));
-}
+inline int StressOps(int base) { return ScaledCount(base, ScaleFromEnvironment("GRAPHALLOC_STRESS_SCALE")); }
 
 // The allocator holds no block and no device memory: allocations, active blocks, allocated and reserved
 // bytes and segments are all zero.
@@ -65,6 +48,35 @@ inline ::testing::AssertionResult DeviceHoldsNothing(const SimDriver& sim, bool 
          << " bytes), used bytes " << sim.UsedBytes() << ", pending work " << c.pending_work << ", events "
          << c.events << ", streams " << c.streams << ", graphs " << c.graphs << ", graph execs "
          << c.graph_execs;
+}
+
+// Every byte is accounted for: the allocator's reserved bytes are exactly the device memory mapped or
+// allocated for it, mappings come from handles, and regular segments (not `expandable`) hold no VMM
+// resource.
+inline ::testing::AssertionResult DeviceAccountsForReserved(const SimDriver& sim,
+                                                            const CachingAllocator& allocator,
+                                                            bool expandable) {
+  const SimCounters c = sim.Counters();
+  const auto reserved = static_cast<std::size_t>(allocator.GetStats().reserved_bytes.all().current);
+  if (reserved != c.mapped_bytes + c.allocated_bytes) {
+    return ::testing::AssertionFailure()
+           << "the allocator reserves " << reserved << " bytes; the device has " << c.mapped_bytes
+           << " mapped and " << c.allocated_bytes << " allocated";
+  }
+  if (c.handle_bytes < c.mapped_bytes) {
+    return ::testing::AssertionFailure()
+           << c.mapped_bytes << " bytes mapped from handles of " << c.handle_bytes;
+  }
+  if (sim.UsedBytes() != c.handle_bytes + c.allocated_bytes) {
+    return ::testing::AssertionFailure() << "device uses " << sim.UsedBytes() << " bytes; handles "
+                                         << c.handle_bytes << ", allocations " << c.allocated_bytes;
+  }
+  if (!expandable && (c.reservations != 0 || c.handles != 0 || c.mappings != 0)) {
+    return ::testing::AssertionFailure()
+           << "regular segments hold VMM resources: " << c.reservations << " reservations, " << c.handles
+           << " handles, " << c.mappings << " mappings";
+  }
+  return ::testing::AssertionSuccess();
 }
 
 // Once every block is freed: lets the device finish its work, empties the cache, and checks that the
