@@ -220,6 +220,19 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
             s.base, s.size, pool.id()));
       }
     }
+    // A block freed by the restore must not be in use on another stream: nothing would wait for that use.
+    // Checked before phase 1 maps anything, so that such a refusal leaves the pool as it was.
+    for (const auto& entry : segments_) {
+      const Segment* segment = entry.second;
+      if (std::find(shards.begin(), shards.end(), segment->shard) == shards.end()) continue;
+      for (const Block* b = segment->head; b != nullptr; b = b->next) {
+        if (b->allocated && !b->stream_uses.empty()) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "Restore: live block 0x%x of pool %d is used on other streams (RecordStream); free it first",
+              b->ptr, pool.id()));
+        }
+      }
+    }
     return absl::OkStatus();
   };
   struct MapJob {
@@ -292,7 +305,10 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       map_error = s;
       // A chunk whose undo failed stays mapped without access: unmapped again below, else quarantined.
       job.mapped = job.no_access = !no_access.empty();
-      if (!job.mapped) (void)driver_->MemRelease(job.chunk.handle);
+      if (!job.mapped && !driver_->MemRelease(job.chunk.handle).ok()) {
+        MutexLock lock(&device_mu_);
+        handle_cache_.Put(job.chunk.size, job.chunk.handle);  // released with the cache, or reused
+      }
       break;
     }
     job.mapped = true;

@@ -585,6 +585,7 @@ class FaultInjectionStress {
       capturing_ = false;
       ASSERT_TRUE(sim_->GraphDestroy(*graph).ok());
       ASSERT_TRUE(capture_route_.End().ok());
+      deferred_ = 0;  // the route's end completed the frees deferred during the capture
     }
     ReleaseGraph();
     ASSERT_TRUE(CheckLive(/*contents=*/true)) << "at the end";
