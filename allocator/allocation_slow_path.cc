@@ -153,7 +153,6 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, 
   Block* block = shard.arena.New();
   block->ptr = *base;
   block->size = segment_size;
-  block->stream = shard.stream;
   block->segment = segment;
   segment->head = block;
   // The new block is active from birth: FinishAllocation accounts for it as a taken free block.

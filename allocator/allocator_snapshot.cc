@@ -69,7 +69,7 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
       block.size = b->size;
       block.requested_size = b->allocated ? b->requested_size : 0;
       block.state = StateOf(b);
-      block.stream = static_cast<std::uint64_t>(b->stream);
+      block.stream = static_cast<std::uint64_t>(b->stream());
     }
   }
   // Pool 0 carries the device's totals (private pools included, as PyTorch's memory_stats does); each

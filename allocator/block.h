@@ -14,7 +14,6 @@
 #include <new>
 #include <vector>
 
-#include "absl/container/inlined_vector.h"
 #include "allocator/device/driver.h"
 #include "allocator/expandable_segment.h"
 #include "allocator/huge_page_memory.h"
@@ -25,18 +24,43 @@ struct BlockPool;
 struct Segment;
 struct StreamShard;
 
-// Laid out for the cache: everything that Free(), coalescing and the checks on a neighbour read or write
-// sits in the first 64 bytes (the flags are bit-fields to make room), and blocks are 64-byte aligned, so
-// each of those touches one cache line. With 100k live blocks most Block touches miss the cache, and a
-// churn operation touches the freed block, its two neighbours and the block it allocates.
+// The streams a block was recorded on besides its own (RecordStream), while it is allocated. One pointer,
+// null while there are none (the common case), so that a Block fits one cache line; the list itself is on
+// the heap, which only RecordStream() and a Free() with stream uses touch (both make driver calls anyway).
+class StreamUses {
+ public:
+  bool empty() const { return list_ == nullptr; }
+  const Stream* begin() const { return list_ == nullptr ? nullptr : list_->data(); }
+  const Stream* end() const { return list_ == nullptr ? nullptr : list_->data() + list_->size(); }
+  void push_back(Stream s) {
+    if (list_ == nullptr) list_ = std::make_unique<std::vector<Stream>>();
+    list_->push_back(s);
+  }
+  void clear() { list_.reset(); }
+
+ private:
+  std::unique_ptr<std::vector<Stream>> list_;
+};
+
+// One cache line (64 bytes, 64-byte aligned): with 100k live blocks most Block touches miss the cache, and
+// a churn operation touches the freed block, its two neighbours and the block it allocates; a smaller
+// block also makes the arena, which those touches land in at random, half as large as a two-line one, so
+// that more of it stays in the cache. Hence the bit-field flags, the stream taken from the segment, and the
+// requested size sharing its word with the free-time age.
 struct alignas(64) Block {
   DevicePtr ptr = 0;
   std::size_t size = 0;
   Block* prev = nullptr;  // address-ordered neighbours within the segment
   Block* next = nullptr;
   Segment* segment = nullptr;
-  std::size_t requested_size = 0;  // the caller's unrounded size, while allocated
-  int event_count = 0;             // stream events still to complete before the block may be reused
+  union {
+    std::size_t requested_size = 0;  // while allocated: the caller's unrounded size
+    // While free: the pool clock when the block became free, its age for garbage collection (which alone
+    // reads it, and only with a threshold set).
+    std::uint64_t gc_count_base;
+  };
+  StreamUses stream_uses;  // other streams recorded with RecordStream, while allocated (cleared when freed)
+  int event_count = 0;     // stream events still to complete before the block may be reused
   bool allocated : 1 = false;
   bool mapped : 1 = true;     // false only for unmapped address ranges of an expandable segment
   bool freeing : 1 = false;   // Free() is recording its stream events with the lock released
@@ -44,30 +68,24 @@ struct alignas(64) Block {
   // Taken out of every index while its shard's lock is released for driver calls (an expandable segment
   // growing into it or unmapping it); nothing merges with it or allocates it meanwhile.
   bool in_flight : 1 = false;
-  // Other streams recorded with RecordStream, while allocated (cleared when freed). Its size, which
-  // Free() reads, is its first word and still in the first cache line.
-  absl::InlinedVector<Stream, 1> stream_uses;
-  Stream stream = kDefaultStream;
-  // Pool clock when the block became free: its age for garbage collection, which alone reads it.
-  std::uint64_t gc_count_base = 0;
 
   bool IsSplit() const { return prev != nullptr || next != nullptr; }
-  // Back to a default-constructed state without reassigning stream_uses (whose inline storage GCC 12
-  // wrongly reports as maybe-uninitialized when a whole Block is assigned).
+  // Every block of a segment belongs to the segment's stream.
+  Stream stream() const;
+  // Back to a default-constructed state.
   void Reset() {
     ptr = 0;
     size = requested_size = 0;
-    stream = kDefaultStream;
     segment = nullptr;
     prev = next = nullptr;
     allocated = freeing = in_quick = in_flight = false;
     mapped = true;
     event_count = 0;
     stream_uses.clear();
-    gc_count_base = 0;
   }
   DevicePtr end() const { return ptr + size; }
 };
+static_assert(sizeof(Block) == 64, "a Block is one cache line");
 
 struct Segment {
   DevicePtr base = 0;
@@ -83,6 +101,8 @@ struct Segment {
   Segment* prev_segment = nullptr;
   Segment* next_segment = nullptr;
 };
+
+inline Stream Block::stream() const { return segment->stream; }
 
 // Recycles Block objects so that splitting and merging never touch the heap once warmed up. Chunks double
 // from 256 blocks up to 2 MiB; those come in huge pages (huge_page_memory.h), so that a shard with many

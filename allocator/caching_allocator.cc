@@ -25,10 +25,10 @@ struct ShardCache {
 thread_local ShardCache tls_shard;
 
 // Records a block event when history is on. The check comes first so that, with history off, nothing of
-// the block is read: its stream sits in its second cache line, which the hot path otherwise never touches.
+// the block or its segment (which has the block's stream) is read.
 void RecordBlockEvent(HistoryRing& history, HistoryAction action, const Block* block) {
   if (!history.enabled()) return;
-  history.Record(action, block->ptr, block->size, static_cast<std::uint64_t>(block->stream), 0);
+  history.Record(action, block->ptr, block->size, static_cast<std::uint64_t>(block->stream()), 0);
 }
 
 bool Mergeable(const Block* dst, const Block* src) {
@@ -240,7 +240,6 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
     Block* rest = shard.arena.New();
     rest->ptr = block->ptr + size;
     rest->size = remaining;
-    rest->stream = block->stream;
     rest->segment = block->segment;
     rest->prev = block;
     rest->next = block->next;
@@ -428,7 +427,7 @@ void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
 
 void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
   BlockPool& pool = *block->segment->pool;
-  // Only garbage collection reads the age, and the write would touch the block's second cache line.
+  // Only garbage collection reads the age (which shares its word with the requested size).
   if (config_.garbage_collection_threshold > 0.0) block->gc_count_base = pool.free_block_lookups;
   if (shard.quick.Push(block, &pool)) {
     // Parked without merging; statistics count its free run as if it were merged.
@@ -526,7 +525,7 @@ void CachingAllocator::FlushQuickCache(StreamShard& shard) {
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   auto is_new_use = [stream](const Block* b) {
-    return stream != b->stream && !b->freeing &&
+    return stream != b->stream() && !b->freeing &&
            std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) == b->stream_uses.end();
   };
   Block* block = nullptr;

@@ -159,7 +159,6 @@ absl::Status CachingAllocator::CreateExpandableSegment(StreamShard& shard, bool 
   Block* block = shard.arena.New();
   block->ptr = *base;
   block->size = size;
-  block->stream = shard.stream;
   block->segment = segment;
   block->mapped = false;
   segment->head = block;
@@ -497,7 +496,6 @@ Block* CachingAllocator::SplitOff(StreamShard& shard, Block* b, DevicePtr at) {
   Block* r = shard.arena.New();
   r->ptr = at;
   r->size = b->end() - at;
-  r->stream = b->stream;
   r->segment = b->segment;
   r->mapped = b->mapped;
   r->in_flight = b->in_flight;

@@ -409,7 +409,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     for (Block* b = segment->head; b != nullptr;) {
       Block* next = b->next;
       if (b->allocated) {
-        live_before.push_back({b->ptr, b->size, b->stream});
+        live_before.push_back({b->ptr, b->size, b->stream()});
         shard.allocated.Erase(b->ptr);
         delta.out.Add(b, config_.max_split_size);
       } else {
@@ -478,7 +478,6 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       Block* b = shard.arena.New();
       b->ptr = p.ptr;
       b->size = p.size;
-      b->stream = segment->stream;
       b->segment = segment;
       b->mapped = p.mapped;
       b->prev = prev;

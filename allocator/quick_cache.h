@@ -83,7 +83,7 @@ class QuickCache {
 
  private:
   // The parked blocks live in the slot, not in links inside the blocks: parking and taking back a block
-  // writes nothing to it but its in_quick flag, which shares its first cache line.
+  // writes nothing to it but its in_quick flag.
   struct Slot {
     std::size_t size = 0;
     const BlockPool* pool = nullptr;

@@ -53,7 +53,7 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   if (!status.ok()) return status;
   shard.allocated.Erase(ptr);
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->size,
-                  static_cast<std::uint64_t>(block->stream), 0);
+                  static_cast<std::uint64_t>(block->stream()), 0);
   block->allocated = false;
   UpdateAllocationStats(shard, block, block->segment->pool->is_small, -1);
   block->requested_size = 0;
