@@ -341,6 +341,10 @@ class CachingAllocator {
   std::vector<std::pair<StreamShard*, Block*>> deferred_frees_ ABSL_GUARDED_BY(routes_mu_);
   std::atomic<int> open_routes_{0};
   std::atomic<int> captures_underway_{0};  // open capture routes
+  // Held from "no capture underway" through the synchronization and the unmaps that depend on it (a
+  // synchronization would break a capture). A capture route is counted in captures_underway_ under it,
+  // so a capture cannot begin in between. Taken with no other allocator lock held.
+  Mutex unmap_gate_;
 };
 
 }  // namespace graphalloc

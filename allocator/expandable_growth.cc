@@ -367,17 +367,25 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   // 1. Unmap the idle chunks that move. A chunk is idle once its blocks are free, but work queued on the
   // shard's stream before those frees may still be running on it (a free is stream-ordered, an unmap is
   // not: the GPU would fault on an address that is gone). So the stream's work completes first.
-  if (error.ok() && !plan.stolen_chunks.empty()) {
-    if (absl::Status s = driver_->StreamSynchronize(shard.stream); !s.ok()) error = s;
-  }
+  // A capture that began since the plan forbids the synchronization: the growth is undone and planned
+  // again, and the next plan moves nothing (it sees the capture).
   std::vector<bool> stolen_unmapped(plan.stolen_chunks.size(), false);
-  for (std::size_t i = 0; error.ok() && i < plan.stolen_chunks.size(); ++i) {
-    const ChunkPlacement& c = plan.stolen_chunks[i];
-    absl::Status s = driver_->MemUnmap(c.ptr, c.size);
-    if (s.ok()) {
-      stolen_unmapped[i] = true;
-    } else {
-      error = s;
+  if (error.ok() && !plan.stolen_chunks.empty()) {
+    MutexLock gate(&unmap_gate_);
+    if (captures_underway_.load(std::memory_order_acquire) > 0) {
+      error = absl::AbortedError("a capture began during the growth: idle chunks stay");
+    } else if (absl::Status s = driver_->StreamSynchronize(shard.stream); !s.ok()) {
+      // A stream the device does not know (destroyed, or a bad handle from the caller): wait for all.
+      if (absl::Status all = driver_->DeviceSynchronize(); !all.ok()) error = all;
+    }
+    for (std::size_t i = 0; error.ok() && i < plan.stolen_chunks.size(); ++i) {
+      const ChunkPlacement& c = plan.stolen_chunks[i];
+      absl::Status s = driver_->MemUnmap(c.ptr, c.size);
+      if (s.ok()) {
+        stolen_unmapped[i] = true;
+      } else {
+        error = s;
+      }
     }
   }
   // 2. Create the new handles (releasing cached ones and retrying once when the device is full).
@@ -470,6 +478,7 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   }
   if (error.ok()) return true;
   if (absl::IsResourceExhausted(error)) return false;
+  if (absl::IsAborted(error)) return true;  // undone, nothing lost: the caller plans again
   return error;
 }
 

@@ -93,12 +93,18 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   shard_set_mu_.Unlock();
 
   // Work queued before the blocks were freed may still use them: an unmap is not stream-ordered, so the
-  // device finishes that work first (as PyTorch does before it unmaps). Without that, nothing is unmapped.
+  // device finishes that work first (as PyTorch does before it unmaps). Without that, nothing is unmapped;
+  // nor when a capture began since the caller checked (synchronizing would break it).
+  unmap_gate_.Lock();
   bool device_idle = true;
   if (!jobs.empty()) {
-    absl::Status s = driver_->DeviceSynchronize();
-    device_idle = s.ok();
-    if (!s.ok() && first_error.ok()) first_error = s;
+    if (captures_underway_.load(std::memory_order_acquire) > 0) {
+      device_idle = false;
+    } else {
+      absl::Status s = driver_->DeviceSynchronize();
+      device_idle = s.ok();
+      if (!s.ok() && first_error.ok()) first_error = s;
+    }
   }
   std::vector<ChunkPlacement> to_release = std::move(cached);
   for (Job& job : jobs) {
@@ -113,6 +119,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
       }
     }
   }
+  unmap_gate_.Unlock();
   std::vector<ChunkPlacement> kept;  // handles the device refused to release: cached again
   for (const ChunkPlacement& h : to_release) {
     absl::Status s = driver_->MemRelease(h.handle);

@@ -571,12 +571,16 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   // unmap fails.
   // The blocks restored to free may have been used by work still queued: it completes before any unmap (an
   // unmap is not stream-ordered). If the device cannot say it has, the chunks stay mapped.
-  const bool device_idle = driver_->DeviceSynchronize().ok();
+  // Nor when a capture began since the call was admitted (synchronizing would break it).
+  unmap_gate_.Lock();
+  const bool device_idle =
+      captures_underway_.load(std::memory_order_acquire) == 0 && driver_->DeviceSynchronize().ok();
   for (UnmapJob& job : unmap_jobs) {
     const PoolState* owner = job.shard->pool;
     const bool pinned = owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0;
     job.unmapped = device_idle && !pinned && driver_->MemUnmap(job.chunk.ptr, job.chunk.size).ok();
   }
+  unmap_gate_.Unlock();
   shards = LockPoolShards(pool.id());
   device_mu_.Lock();
   for (UnmapJob& job : unmap_jobs) {

@@ -190,8 +190,11 @@ absl::Status CachingAllocator::MaybeReleasePool(PoolId id) ABSL_NO_THREAD_SAFETY
   // A replay of a graph that used the pool may still run on some stream even though its handles are gone,
   // and freed blocks may still wait on events: the device finishes first, as PyTorch does before it frees
   // a graph pool. (Not while capturing: the memory then stays until EmptyCache.)
-  if (captures_underway_.load(std::memory_order_acquire) > 0) return absl::OkStatus();
-  if (absl::Status s = driver_->DeviceSynchronize(); !s.ok()) return s;
+  {
+    MutexLock gate(&unmap_gate_);  // no capture begins while the device synchronizes
+    if (captures_underway_.load(std::memory_order_acquire) > 0) return absl::OkStatus();
+    if (absl::Status s = driver_->DeviceSynchronize(); !s.ok()) return s;
+  }
   if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
   absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0, id);
   if (!freed.ok()) return freed.status();

@@ -61,11 +61,15 @@ absl::StatusOr<PoolRoute> CachingAllocator::BeginAllocateToPool(const PrivatePoo
   }
   const bool capture_route = filter.IsCaptureRoute();
   if (absl::Status s = AddPoolUser(pool.id()); !s.ok()) return s;
+  if (capture_route) {
+    // A release that found no capture underway finishes its synchronization and unmaps first.
+    MutexLock gate(&unmap_gate_);
+    captures_underway_.fetch_add(1, std::memory_order_release);
+  }
   MutexLock lock(&routes_mu_);
   const std::uint64_t id = next_route_id_++;
   routes_.push_back(OpenRoute{id, pool.id(), std::move(filter), std::move(predicate)});
   open_routes_.fetch_add(1, std::memory_order_release);
-  if (capture_route) captures_underway_.fetch_add(1, std::memory_order_release);
   return PoolRoute(this, id, pool.id());
 }
 
