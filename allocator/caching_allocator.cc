@@ -286,7 +286,7 @@ bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, co
   }
   const std::size_t merged = size + rest;
   if (size < config_.max_split_size && merged >= config_.max_split_size) return false;
-  if (size >= config_.max_split_size && rest != 0) return false;        // oversize blocks are never split
+  if (size >= config_.max_split_size && rest != 0) return false;  // oversize blocks are never split
   // A large block keeps a rest of up to 1 MiB inside, unless it is in an expandable segment, whose blocks
   // split off any rest (FinishAllocation).
   if (rest != 0 && !pool.is_small && !block->segment->expandable && rest <= kSmallSize) return false;

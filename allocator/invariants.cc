@@ -154,7 +154,8 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
         }
         if (b->prev != prev) return Violation(absl::StrFormat("block 0x%x has a broken prev link", b->ptr));
         if (b->segment != segment) {
-          return Violation(absl::StrFormat("block 0x%x disagrees with its segment about its segment", b->ptr));
+          return Violation(
+              absl::StrFormat("block 0x%x disagrees with its segment about its segment", b->ptr));
         }
         if (b->size == 0 || b->size % 512 != 0) {
           return Violation(

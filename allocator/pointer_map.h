@@ -170,7 +170,7 @@ class BasicPointerMap {
   Table entries_;  // 0: empty (a block pointer is never null)
   std::size_t mask_ = 0;
   int bits_ = 0;
-  std::size_t size_ = 0;                       // entries in the table and in wide_
+  std::size_t size_ = 0;                         // entries in the table and in wide_
   absl::flat_hash_map<DevicePtr, Block*> wide_;  // blocks whose pointer does not fit an entry
 };
 

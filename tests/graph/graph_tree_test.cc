@@ -32,9 +32,10 @@ class GraphTreeTest : public GraphFixture {
 
   FunctionId Register(TreeFunction f, std::string name, std::vector<std::size_t> static_inputs = {},
                       int warmup_calls = 1) {
-    absl::StatusOr<FunctionId> id = tree_->Register(
-        std::move(f), FunctionOptions{.name = std::move(name), .static_inputs = std::move(static_inputs),
-                                      .warmup_calls = warmup_calls});
+    absl::StatusOr<FunctionId> id =
+        tree_->Register(std::move(f), FunctionOptions{.name = std::move(name),
+                                                      .static_inputs = std::move(static_inputs),
+                                                      .warmup_calls = warmup_calls});
     EXPECT_TRUE(id.ok()) << id.status();
     return id.ok() ? *id : 0;
   }
@@ -129,8 +130,8 @@ TEST_F(GraphTreeTest, ReRecordLimitFallsBackToEagerWithExactlyOneWarningNamingTh
   ASSERT_EQ(warnings_.size(), 1u);
   const std::string& warning = warnings_[0];
   EXPECT_TRUE(Contains(warning, "'affine'")) << warning;
-  EXPECT_TRUE(Contains(warning, absl::StrFormat("static input 1 changed address from 0x%x to 0x%x", w[2].ptr,
-                                                w[3].ptr)))
+  EXPECT_TRUE(Contains(
+      warning, absl::StrFormat("static input 1 changed address from 0x%x to 0x%x", w[2].ptr, w[3].ptr)))
       << warning;
   EXPECT_TRUE(Contains(warning, "max_recordings = 2")) << warning;
   const TreeDump d = tree_->Dump();
@@ -227,8 +228,10 @@ TEST_F(GraphTreeTest, BranchRecordingRestoresTheCheckpointAndBothBranchesReplayC
   DevicePtr b_ptr = 0, c_ptr = 0;
   for (int step = 0; step < 8; ++step) {
     ASSERT_OK_AND_ASSIGN(Outputs out_a, tree_->Call(a, {x, wa}, caller_));
-    ASSERT_OK_AND_ASSIGN(Outputs out, tree_->Call(take_b[step] ? b : c, {out_a[0], take_b[step] ? wb : wc}, caller_));
-    EXPECT_EQ(Read(out[0]), take_b[step] ? AffineRef(3.0f, a_ref, Values(3)) : AffineRef(5.0f, a_ref, Values(4)))
+    ASSERT_OK_AND_ASSIGN(Outputs out,
+                         tree_->Call(take_b[step] ? b : c, {out_a[0], take_b[step] ? wb : wc}, caller_));
+    EXPECT_EQ(Read(out[0]),
+              take_b[step] ? AffineRef(3.0f, a_ref, Values(3)) : AffineRef(5.0f, a_ref, Values(4)))
         << "step " << step;
     EXPECT_EQ(Read(out_a[0]), a_ref) << "step " << step;  // B and C never overwrite A's live output
     ASSERT_OK_AND_ASSIGN(const DevicePtr p, out[0].ptr());
@@ -248,7 +251,8 @@ TEST_F(GraphTreeTest, BranchRecordingRestoresTheCheckpointAndBothBranchesReplayC
   ASSERT_EQ(d.NodesOf(c).size(), 1u);
   EXPECT_EQ(d.NodesOf(b)[0]->parent, a_node);
   EXPECT_EQ(d.NodesOf(c)[0]->parent, a_node);
-  EXPECT_EQ(d.NodesOf(b)[0]->inputs[0], (KeyInput{InputRole::kManaged, d.NodesOf(a)[0]->outputs[0].ptr, kBytes}));
+  EXPECT_EQ(d.NodesOf(b)[0]->inputs[0],
+            (KeyInput{InputRole::kManaged, d.NodesOf(a)[0]->outputs[0].ptr, kBytes}));
   EXPECT_EQ(d.NodesOf(b)[0]->replays, 2u);
   EXPECT_EQ(d.NodesOf(c)[0]->replays, 2u);
   ExpectInvariants();
@@ -258,9 +262,10 @@ TEST_F(GraphTreeTest, BranchThatGrewThePoolStillReplaysAfterItsParentsCheckpoint
   // A's output (1.5 MiB) puts a large expandable segment in the pool, partly mapped; B maps more of it for a
   // big output. Recording C restores A's checkpoint, in which B's memory was unmapped; B's next replay
   // writes that memory, so it must still be mapped (else: an illegal address on the GPU, SIGSEGV here).
-  constexpr std::size_t kLarge = std::size_t{384} << 10;   // floats: 1.5 MiB
-  constexpr std::size_t kBig = std::size_t{6} << 20;       // floats: 24 MiB, several 2 MiB chunks
-  TreeFunction big = [this](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
+  constexpr std::size_t kLarge = std::size_t{384} << 10;  // floats: 1.5 MiB
+  constexpr std::size_t kBig = std::size_t{6} << 20;      // floats: 24 MiB, several 2 MiB chunks
+  TreeFunction big = [this](std::span<const BufferView> in,
+                            Stream s) -> absl::StatusOr<std::vector<BufferView>> {
     GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(kBig * sizeof(float), s));
     GA_RETURN_IF_ERROR(FillF32(*driver_, s, y, kBig, 1.5f));
     GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, in[0].ptr, in[1].ptr, kN));
@@ -297,7 +302,8 @@ TEST_F(GraphTreeTest, FunctionForkingWorkToASideStreamRecordsAndReplays) {
   const Stream side = NewStream();
   ASSERT_OK_AND_ASSIGN(const Event fork, driver_->EventCreate());
   ASSERT_OK_AND_ASSIGN(const Event join, driver_->EventCreate());
-  TreeFunction forked = [&](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
+  TreeFunction forked = [&](std::span<const BufferView> in,
+                            Stream s) -> absl::StatusOr<std::vector<BufferView>> {
     const std::size_t n = in[0].bytes / sizeof(float);
     GA_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
     GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
@@ -385,7 +391,8 @@ TEST_F(GraphTreeTest, OverwrittenOutputIsAnErrorToReadOrPassAndACloneSurvives) {
   }
   const absl::StatusOr<Outputs> passed = tree_->Call(g, {recorded[0], w}, caller_);
   ASSERT_FALSE(passed.ok());
-  EXPECT_TRUE(Contains(passed.status().message(), "input 0: output 0 of graph-tree function 'affine' (step 2)"))
+  EXPECT_TRUE(
+      Contains(passed.status().message(), "input 0: output 0 of graph-tree function 'affine' (step 2)"))
       << passed.status();
   EXPECT_EQ(clone.kind(), OutputKind::kOwned);
   EXPECT_EQ(Read(clone), expected);  // the clone kept step 2's values
@@ -404,7 +411,8 @@ TEST_F(GraphTreeTest, CloneOutputsOptionHandsOutCopiesThatOutliveTheStep) {
     EXPECT_EQ(out[0].kind(), OutputKind::kOwned);
     kept.push_back(out);
   }
-  for (int step = 0; step < 4; ++step) EXPECT_EQ(Read(kept[step][0]), AffineRef(2.0f, Values(step), Values(2)));
+  for (int step = 0; step < 4; ++step)
+    EXPECT_EQ(Read(kept[step][0]), AffineRef(2.0f, Values(step), Values(2)));
 }
 
 TEST_F(GraphTreeTest, LiveOutputThatARecordingSawDeadGetsItsOwnRecordingNotOverwritten) {
@@ -445,7 +453,8 @@ TEST_F(GraphTreeTest, FailingFunctionOrCaptureLeavesTheTreeAndAllocatorUsable) {
   enum class Fault { kNone, kError, kInvalidateCapture };
   Fault fault = Fault::kNone;
   TreeFunction inner = Affine(2.0f);
-  TreeFunction flaky = [&](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
+  TreeFunction flaky = [&](std::span<const BufferView> in,
+                           Stream s) -> absl::StatusOr<std::vector<BufferView>> {
     if (fault == Fault::kError) {
       (void)allocator_->Allocate(kBytes, s);  // left behind in the pool by the failure
       return absl::InternalError("injected failure");
@@ -538,7 +547,8 @@ TEST_F(GraphTreeTest, UnknownFunctionAndBadOptionsAreErrors) {
 }
 
 TEST_F(GraphTreeTest, ReturningACopiedInputIsRefusedAndAStaticInputIsPassedThrough) {
-  TreeFunction identity = [](std::span<const BufferView> in, Stream) -> absl::StatusOr<std::vector<BufferView>> {
+  TreeFunction identity = [](std::span<const BufferView> in,
+                             Stream) -> absl::StatusOr<std::vector<BufferView>> {
     return std::vector<BufferView>{in[0]};
   };
   const FunctionId copied = Register(identity, "returns-copied");
@@ -546,7 +556,8 @@ TEST_F(GraphTreeTest, ReturningACopiedInputIsRefusedAndAStaticInputIsPassedThrou
   const BufferView x = Upload(Values(1));
   const absl::StatusOr<Outputs> refused = tree_->Call(copied, {x}, caller_);
   ASSERT_FALSE(refused.ok());
-  EXPECT_TRUE(Contains(refused.status().message(), "output 0 of 'returns-copied' is its input 0, a copied input"))
+  EXPECT_TRUE(
+      Contains(refused.status().message(), "output 0 of 'returns-copied' is its input 0, a copied input"))
       << refused.status();
   tree_->BeginStep();
   for (int call = 0; call < 3; ++call) {
@@ -570,8 +581,9 @@ TEST_F(GraphTreeTest, DumpNamesFunctionsAddressesAndReRecordReasons) {
       << text;
   EXPECT_TRUE(Contains(text, absl::StrFormat("inputs [copied %dB, static 0x%x %dB]", kBytes, w1.ptr, kBytes)))
       << text;
-  EXPECT_TRUE(Contains(text, "site (parent 0, 'affine'): 2 recordings, 1 re-records [static input address "
-                             "changed: 1]"))
+  EXPECT_TRUE(Contains(text,
+                       "site (parent 0, 'affine'): 2 recordings, 1 re-records [static input address "
+                       "changed: 1]"))
       << text;
 }
 

@@ -248,7 +248,7 @@ struct SimState {
   absl::flat_hash_map<std::uint64_t, SimGraphState> execs ABSL_GUARDED_BY(mu);
   std::size_t pending_runs ABSL_GUARDED_BY(mu) = 0;
   std::size_t illegal_accesses ABSL_GUARDED_BY(mu) = 0;  // SimCounters::illegal_accesses
-  std::uint64_t next_id ABSL_GUARDED_BY(mu) = 1;  // handles, streams, events, graphs: never reused
+  std::uint64_t next_id ABSL_GUARDED_BY(mu) = 1;         // handles, streams, events, graphs: never reused
   std::uint64_t next_capture_id ABSL_GUARDED_BY(mu) = 1;
 };
 
