@@ -7,10 +7,7 @@
 //
 // On the simulated device the repeat count is scaled by GRAPHALLOC_TEST_SCALE (sanitizer stages), at
 // least 2, so a second replay still meets what the first left behind.
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -19,6 +16,7 @@
 #include "allocator/trace/trace_replay.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_device.h"
+#include "tests/testing/test_scale.h"
 
 #ifndef GRAPHALLOC_TRACES_DIR
 #error "GRAPHALLOC_TRACES_DIR must name the folder of the shipped traces"
@@ -31,9 +29,7 @@ constexpr int kRepeats = 20;
 
 int RepeatsHere() {
   if (!testing::OnSimulatedDevice()) return kRepeats;
-  double scale = 1.0;
-  if (const char* s = std::getenv("GRAPHALLOC_TEST_SCALE"); s != nullptr && *s != '\0') scale = std::atof(s);
-  return std::max(2, static_cast<int>(std::lround(kRepeats * scale)));
+  return testing::ScaledCount(kRepeats, /*extra=*/1.0, /*at_least=*/2);
 }
 
 class TraceSoakTest : public ::testing::TestWithParam<const char*> {};
