@@ -29,6 +29,7 @@ class CApiPoolsTest : public ::testing::Test {
   }
   void TearDown() override {
     for (Stream s : streams_) EXPECT_OK(driver_->StreamDestroy(s));
+    testing::ExpectDefaultAllocatorsHoldNothing();
   }
 
   graphalloc_stream NewStream() {

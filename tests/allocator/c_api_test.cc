@@ -20,6 +20,7 @@ class CApiTest : public ::testing::Test {
     std::string skip;
     if (testing::DefaultAllocatorDriver(&skip) == nullptr) GTEST_SKIP() << skip;
   }
+  void TearDown() override { testing::ExpectDefaultAllocatorsHoldNothing(); }
 };
 
 TEST_F(CApiTest, MallocAndFreeRoundTrip) {

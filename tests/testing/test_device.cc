@@ -2,8 +2,11 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "allocator/default_allocator.h"
 #include "allocator/device/cuda_driver.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_macros.h"
 
 namespace graphalloc::testing {
 
@@ -45,6 +48,19 @@ Driver* DefaultAllocatorDriver(std::string* skip_reason) {
     return nullptr;
   }
   return &(*allocator)->driver();
+}
+
+void ExpectDefaultAllocatorsHoldNothing() {
+  for (int device = 0; device < kMaxDevices; ++device) {
+    CachingAllocator* allocator = ExistingDefaultAllocator(device);
+    if (allocator == nullptr) continue;
+    SCOPED_TRACE(absl::StrCat("default allocator of device ", device));
+    EXPECT_OK(allocator->EmptyCache());
+    EXPECT_OK(allocator->CheckInvariants());
+    const DeviceStats stats = allocator->GetStats();
+    EXPECT_EQ(stats.allocated_bytes.all().current, 0);
+    EXPECT_EQ(stats.reserved_bytes.all().current, 0);
+  }
 }
 
 SimDriver* AsSim(Driver* driver) {

@@ -25,6 +25,11 @@ std::shared_ptr<Driver> MakeTestDriver(std::string* skip_reason, SimDriverOption
 // GTEST_SKIP() with it) when that device is unavailable.
 Driver* DefaultAllocatorDriver(std::string* skip_reason);
 
+// For the teardown of those tests: empties the cache of every default allocator created so far and expects
+// each to hold nothing (no live block, no reserved byte) with its invariants intact. They outlive the test,
+// so what a test leaves there would otherwise show only as a leak at process exit (compute-sanitizer's).
+void ExpectDefaultAllocatorsHoldNothing();
+
 // The driver cast to SimDriver, or nullptr on the real device (for tests that need fault injection or
 // manual event completion).
 SimDriver* AsSim(Driver* driver);

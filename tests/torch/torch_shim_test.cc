@@ -66,6 +66,7 @@ class TorchShimTest : public ::testing::Test {
     if (stream_ != Stream{}) {
       EXPECT_OK(driver_->StreamDestroy(stream_));
     }
+    testing::ExpectDefaultAllocatorsHoldNothing();
   }
 
   graphalloc_stream Native() const { return static_cast<graphalloc_stream>(NativeFromStream(stream_)); }
