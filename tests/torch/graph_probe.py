@@ -13,6 +13,7 @@ import gc
 import os
 import sys
 import traceback
+import weakref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402,F401
@@ -116,12 +117,17 @@ def scenario_model() -> None:
 
     # Graphs and their outputs gone: PyTorch releases the pool, and graphalloc returns its memory.
     ga_pool = gat.graph_pool_id(pool)
+    graphs = [weakref.ref(g), weakref.ref(g2)]
     del g, g2, static_out, static_out2
     gc.collect()
     torch.cuda.synchronize()
     try:
         left = graphalloc.pool_stats(ga_pool, torch.cuda.current_device())
         print("pool still there after release:", left, flush=True)
+        for i, ref in enumerate(graphs):  # which side kept it: a graph object alive, or PyTorch not releasing
+            graph = ref()
+            held_by = [type(r).__name__ for r in gc.get_referrers(graph)] if graph is not None else []
+            print(f"graph {i}: {'alive, held by ' + str(held_by) if graph is not None else 'destroyed'}", flush=True)
         outcome("pool-released False")
     except graphalloc.GraphallocError:
         outcome(f"pool-released {gat.graph_pool_id(pool) is None}")
