@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -222,6 +223,12 @@ class CachingAllocator {
   absl::StatusOr<std::size_t> ReleaseExpandableMemory(PoolId scope = kDefaultPool);
   // Releases every cached physical handle to the device.
   absl::Status ReleaseCachedHandles();
+  // Before memory of freed blocks is unmapped: waits for the work queued before those frees (a free is
+  // stream-ordered, an unmap is not), on `stream`, or the whole device for nullopt or a stream the driver
+  // does not know. Aborted, waiting for nothing, while a capture is underway (a synchronization would break
+  // it; no driver error maps to Aborted). The caller holds unmap_gate_ through its unmaps.
+  absl::Status WaitForWorkBeforeUnmap(std::optional<Stream> stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(unmap_gate_);
   // Splits `b` at `at`: `b` keeps [ptr, at), the returned new block gets [at, end) with b's state.
   Block* SplitOff(StreamShard& shard, Block* b, DevicePtr at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // Takes [begin, end) out of the free block `b` (indexed) as an in-flight block; the rest stays free.

@@ -372,12 +372,7 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   std::vector<bool> stolen_unmapped(plan.stolen_chunks.size(), false);
   if (error.ok() && !plan.stolen_chunks.empty()) {
     MutexLock gate(&unmap_gate_);
-    if (captures_underway_.load(std::memory_order_acquire) > 0) {
-      error = absl::AbortedError("a capture began during the growth: idle chunks stay");
-    } else if (absl::Status s = driver_->StreamSynchronize(shard.stream); !s.ok()) {
-      // A stream the device does not know (destroyed, or a bad handle from the caller): wait for all.
-      if (absl::Status all = driver_->DeviceSynchronize(); !all.ok()) error = all;
-    }
+    error = WaitForWorkBeforeUnmap(shard.stream);
     for (std::size_t i = 0; error.ok() && i < plan.stolen_chunks.size(); ++i) {
       const ChunkPlacement& c = plan.stolen_chunks[i];
       absl::Status s = driver_->MemUnmap(c.ptr, c.size);

@@ -9,6 +9,14 @@
 
 namespace graphalloc {
 
+absl::Status CachingAllocator::WaitForWorkBeforeUnmap(std::optional<Stream> stream) {
+  if (captures_underway_.load(std::memory_order_acquire) > 0) {
+    return absl::AbortedError("a capture is underway: freed memory stays mapped until it ends");
+  }
+  if (stream.has_value() && driver_->StreamSynchronize(*stream).ok()) return absl::OkStatus();
+  return driver_->DeviceSynchronize();
+}
+
 absl::Status CachingAllocator::RepairQuarantinedChunks(bool may_unmap) {
   if (quarantined_.load(std::memory_order_relaxed) == 0) return absl::OkStatus();
   std::vector<QuarantinedChunk> work;
@@ -98,13 +106,9 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   unmap_gate_.Lock();
   bool device_idle = true;
   if (!jobs.empty()) {
-    if (captures_underway_.load(std::memory_order_acquire) > 0) {
-      device_idle = false;
-    } else {
-      absl::Status s = driver_->DeviceSynchronize();
-      device_idle = s.ok();
-      if (!s.ok() && first_error.ok()) first_error = s;
-    }
+    absl::Status s = WaitForWorkBeforeUnmap(std::nullopt);
+    device_idle = s.ok();
+    if (!s.ok() && !absl::IsAborted(s) && first_error.ok()) first_error = s;
   }
   std::vector<ChunkPlacement> to_release = std::move(cached);
   for (Job& job : jobs) {

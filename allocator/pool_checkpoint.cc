@@ -573,8 +573,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   // unmap is not stream-ordered). If the device cannot say it has, the chunks stay mapped.
   // Nor when a capture began since the call was admitted (synchronizing would break it).
   unmap_gate_.Lock();
-  const bool device_idle =
-      captures_underway_.load(std::memory_order_acquire) == 0 && driver_->DeviceSynchronize().ok();
+  const bool device_idle = WaitForWorkBeforeUnmap(std::nullopt).ok();
   for (UnmapJob& job : unmap_jobs) {
     const PoolState* owner = job.shard->pool;
     const bool pinned = owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0;

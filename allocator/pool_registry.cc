@@ -192,8 +192,9 @@ absl::Status CachingAllocator::MaybeReleasePool(PoolId id) ABSL_NO_THREAD_SAFETY
   // a graph pool. (Not while capturing: the memory then stays until EmptyCache.)
   {
     MutexLock gate(&unmap_gate_);  // no capture begins while the device synchronizes
-    if (captures_underway_.load(std::memory_order_acquire) > 0) return absl::OkStatus();
-    if (absl::Status s = driver_->DeviceSynchronize(); !s.ok()) return s;
+    if (absl::Status s = WaitForWorkBeforeUnmap(std::nullopt); !s.ok()) {
+      return absl::IsAborted(s) ? absl::OkStatus() : s;
+    }
   }
   if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
   absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0, id);
