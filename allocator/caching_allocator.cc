@@ -211,14 +211,14 @@ Block* CachingAllocator::TakeFreeBlock(StreamShard& shard, BlockPool& pool, std:
   // Oversize blocks serve only oversize requests, and those only when the waste stays bounded (not in
   // expandable segments, whose blocks always split: PyTorch's rule too).
   if (block->segment->expandable) {
-    pool.blocks.erase(it);
+    pool.blocks.Erase(it);
     return block;
   }
   if (size < config_.max_split_size && block->size >= config_.max_split_size) return nullptr;
   if (size >= config_.max_split_size && block->size >= size + config_.max_non_split_rounding_size) {
     return nullptr;
   }
-  pool.blocks.erase(it);
+  pool.blocks.Erase(it);
   return block;
 }
 
@@ -293,7 +293,7 @@ bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, co
   *run = FreeRun{0, rest, block->prev == nullptr && run_end == nullptr};
   // Nothing else can compete when every indexed block is part of M, or none is large enough: both are
   // O(1) to see, and common when a stream reuses one size in a loop (the search below costs more).
-  if (pool.blocks.size() == run_blocks || pool.blocks.rbegin()->size < size) return true;
+  if (pool.blocks.size() == run_blocks || pool.blocks.LargestSize() < size) return true;
   // The smallest indexed block that fits, skipping the ones that are part of M (they follow `block`).
   for (auto it = pool.LowerBound(size); it != pool.blocks.end(); ++it) {
     if (it->ptr > block->ptr && it->ptr < block->ptr + merged) continue;
