@@ -1,12 +1,12 @@
 // The free blocks of one BlockPool, ordered by (size, address): best fit is the first block at or after
 // the request's size. Same order and results as one ordered set (what PyTorch uses, a std::set), faster:
 //
-// Sizes fall into bins, 16 per power of two (TLSF's mapping, monotone in the size), and a two-level bitmap
+// Sizes fall into bins, 32 per power of two (TLSF's mapping, monotone in the size), and a two-level bitmap
 // finds the first non-empty bin at or after a size in a few instructions. A bin is a sorted array: a pool
 // holds tens of free blocks spread over hundreds of bins, so a bin holds one or two and an insert or an
 // erase shifts a few entries, with no node to allocate or rebalance (the ordered set spent ~45% of a warm
-// trace replay there). A bin crowded with hundreds of blocks (many equal sizes apart from each other)
-// switches to a B-tree, so that no operation is worse than logarithmic.
+// trace replay there). A bin crowded past a few dozen blocks (10,000 free blocks, or many equal sizes apart
+// from each other) switches to a B-tree, so that no operation is worse than logarithmic.
 #ifndef GRAPHALLOC_ALLOCATOR_FREE_BLOCK_INDEX_H_
 #define GRAPHALLOC_ALLOCATOR_FREE_BLOCK_INDEX_H_
 
@@ -55,10 +55,11 @@ class FreeBin {
   bool Contains(const FreeKey& key) const;
 
  private:
-  // Above kToTree entries the array's shifts would cost more than the tree's walk; the tree goes back to an
-  // array at kToFlat, well below, so that a bin near the limit does not convert on every operation.
-  static constexpr std::size_t kToTree = 128;
-  static constexpr std::size_t kToFlat = 32;
+  // Above kToTree entries (768 bytes) the array's shifts and the cache lines its search touches cost more
+  // than the tree's walk; the tree goes back to an array at kToFlat, well below, so that a bin near the
+  // limit does not convert on every operation.
+  static constexpr std::size_t kToTree = 32;
+  static constexpr std::size_t kToFlat = 8;
 
   void ToTree();
   void ToFlat();
@@ -121,7 +122,9 @@ class FreeBlockIndex {
   void Erase(Iterator it) { Erase(it.key_); }
   bool Contains(const FreeKey& key) const;
 
-  // The bin of a size: 16 bins per power of two above 16 bytes, exact below. Monotone in `size`.
+  // The bin of a size: kSubBins bins per power of two above kSubBins bytes, exact below. Monotone in `size`.
+  static constexpr int kSubBits = 5;
+  static constexpr std::size_t kSubBins = std::size_t{1} << kSubBits;
   static std::size_t BinOf(std::size_t size) {
     if (size < kSubBins) return size;
     const int log = std::bit_width(size) - 1;  // >= kSubBits
@@ -130,8 +133,6 @@ class FreeBlockIndex {
   }
 
  private:
-  static constexpr int kSubBits = 4;
-  static constexpr std::size_t kSubBins = std::size_t{1} << kSubBits;
   static constexpr std::size_t kBins = std::size_t{64 - kSubBits + 1} << kSubBits;  // BinOf(2^64 - 1) + 1
   static constexpr std::size_t kWords = (kBins + 63) / 64;
   static_assert(kWords <= 64, "the summary word has one bit per bitmap word");

@@ -70,15 +70,17 @@ TEST(FreeBlockIndexTest, BinsAreMonotoneInSizeAcrossTheWholeRange) {
       previous = bin;
     }
   }
-  EXPECT_LT(FreeBlockIndex::BinOf(std::numeric_limits<std::size_t>::max()), std::size_t{64 * 16});
-  // Sizes a sixteenth of a power of two apart land in different bins; within one, in the same.
-  EXPECT_EQ(FreeBlockIndex::BinOf(1 << 20), FreeBlockIndex::BinOf((1 << 20) + (1 << 16) - 512));
-  EXPECT_EQ(FreeBlockIndex::BinOf(1 << 20) + 1, FreeBlockIndex::BinOf((1 << 20) + (1 << 16)));
+  constexpr std::size_t kSub = FreeBlockIndex::kSubBins;
+  EXPECT_LT(FreeBlockIndex::BinOf(std::numeric_limits<std::size_t>::max()), 64 * kSub);
+  // Sizes 1/kSub of a power of two apart land in neighbouring bins; within that step, in the same.
+  const std::size_t step = (std::size_t{1} << 20) / kSub;
+  EXPECT_EQ(FreeBlockIndex::BinOf(1 << 20), FreeBlockIndex::BinOf((1 << 20) + step - 512));
+  EXPECT_EQ(FreeBlockIndex::BinOf(1 << 20) + 1, FreeBlockIndex::BinOf((1 << 20) + step));
 }
 
 TEST(FreeBlockIndexTest, ACrowdedBinBecomesATreeAndBackWithTheSameOrder) {
   // 1,000 blocks of one size apart from each other (the case a bin array would shift for): the bin turns
-  // into a tree past 128 and back to an array at 32, the order and the lookups unchanged throughout.
+  // into a tree past a few dozen and back to an array below, the order and the lookups unchanged throughout.
   FreeBlockIndex index;
   std::set<FreeKey> reference;
   std::mt19937_64 rng(7);
