@@ -70,6 +70,30 @@ def prepared():
     return model, static_in, capture_stream
 
 
+def describe_holders(obj, depth: int = 3) -> str:
+    """What keeps `obj` alive, `depth` levels up (frames by function and line), for a failed release."""
+    if obj is None:
+        return "destroyed"
+    here = sys._getframe()
+
+    def name(o) -> str:
+        if isinstance(o, type(here)):
+            return f"frame {o.f_code.co_name}:{o.f_lineno}"
+        return type(o).__name__
+
+    def walk(o, level: int) -> list:
+        if level == 0:
+            return []
+        out = []
+        for r in gc.get_referrers(o):
+            if r is here or isinstance(r, list) and len(r) > 50:
+                continue
+            out.append(name(r) + (f" <- {walk(r, level - 1)}" if level > 1 else ""))
+        return out
+
+    return f"alive, held by {walk(obj, depth)}"
+
+
 def scenario_model() -> None:
     print("hooks:", gat.hooks(), flush=True)
     model, static_in, capture_stream = prepared()
@@ -125,9 +149,7 @@ def scenario_model() -> None:
         left = graphalloc.pool_stats(ga_pool, torch.cuda.current_device())
         print("pool still there after release:", left, flush=True)
         for i, ref in enumerate(graphs):  # which side kept it: a graph object alive, or PyTorch not releasing
-            graph = ref()
-            held_by = [type(r).__name__ for r in gc.get_referrers(graph)] if graph is not None else []
-            print(f"graph {i}: {'alive, held by ' + str(held_by) if graph is not None else 'destroyed'}", flush=True)
+            print(f"graph {i}: {describe_holders(ref())}", flush=True)
         outcome("pool-released False")
     except graphalloc.GraphallocError:
         outcome(f"pool-released {gat.graph_pool_id(pool) is None}")
