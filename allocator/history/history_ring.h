@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -107,10 +108,23 @@ class HistoryRing {
     const std::uint64_t ticket = buffer->next.fetch_add(1, std::memory_order_relaxed);
     const std::size_t index = static_cast<std::size_t>(ticket & buffer->mask);
     Slot& slot = buffer->slots[index];
+    // Writers of one slot are mask + 1 tickets apart, so they meet only when one was delayed that long
+    // (preempted while the others lapped the ring). A writer claims the slot by moving its sequence number
+    // from even (complete) to its own odd one; a newer ticket wins, and an older writer arriving late drops
+    // its event (the ring keeps the newest), so a delayed writer never overwrites a newer event.
+    std::uint64_t seen = slot.seq.load(std::memory_order_relaxed);
+    for (;;) {
+      if (seen >= 2 * ticket + 1) return;  // a newer ticket holds the slot or is writing it
+      if (seen % 2 == 1) {                 // an older writer is mid-write: let it finish first
+        std::this_thread::yield();
+        seen = slot.seq.load(std::memory_order_relaxed);
+        continue;
+      }
+      if (slot.seq.compare_exchange_weak(seen, 2 * ticket + 1, std::memory_order_relaxed)) break;
+    }
     // A seqlock without fences (ThreadSanitizer does not model them): the release stores keep the odd
     // sequence number ahead of the data, and a reader's acquire loads of the data keep its second
     // sequence load behind them. On x86 every one of these is a plain move.
-    slot.seq.store(2 * ticket + 1, std::memory_order_relaxed);
     slot.address.store(address, std::memory_order_release);
     slot.size.store(size, std::memory_order_release);
     slot.stream.store(stream, std::memory_order_release);
