@@ -82,8 +82,9 @@ std::map<DevicePtr, std::size_t>::const_iterator FindReservation(const SimState&
 }
 
 // True when every byte of [ptr, ptr+size) is mapped. With `exact`, the range must also start and end on
-// mapping boundaries (what MemUnmap needs).
-bool FullyMapped(const SimState& s, DevicePtr ptr, std::size_t size, bool exact)
+// mapping boundaries (what MemUnmap needs); with `with_access`, every mapping of it must have access (what
+// queued work needs).
+bool FullyMapped(const SimState& s, DevicePtr ptr, std::size_t size, bool exact, bool with_access = false)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   auto it = s.mappings.upper_bound(ptr);
   if (it == s.mappings.begin()) return false;
@@ -92,6 +93,7 @@ bool FullyMapped(const SimState& s, DevicePtr ptr, std::size_t size, bool exact)
   DevicePtr covered = it->first;
   const DevicePtr end = ptr + size;
   while (it != s.mappings.end() && it->first == covered && covered < end) {
+    if (with_access && !it->second.accessible) return false;
     covered += it->second.size;
     ++it;
   }
@@ -109,19 +111,8 @@ bool SimState::Accessible(DevicePtr ptr, std::size_t size) {
     return true;
   }
   // Memory of no reservation here (another simulated device's, the host's) is not this device's to judge.
-  auto r = reservations.upper_bound(ptr);
-  if (r == reservations.begin() || std::prev(r)->first + std::prev(r)->second <= ptr) return true;
-  auto it = mappings.upper_bound(ptr);
-  if (it == mappings.begin()) return false;
-  --it;
-  DevicePtr covered = it->first;
-  if (covered + it->second.size <= ptr) return false;
-  while (it != mappings.end() && it->first == covered && covered < end) {
-    if (!it->second.accessible) return false;
-    covered += it->second.size;
-    ++it;
-  }
-  return covered >= end;
+  if (FindReservation(*this, ptr, 1) == reservations.end()) return true;
+  return FullyMapped(*this, ptr, size, /*exact=*/false, /*with_access=*/true);
 }
 
 bool SimState::CheckQueuedAccess(DevicePtr ptr, std::size_t size) {
