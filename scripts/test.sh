@@ -19,6 +19,8 @@
 #   GRAPHALLOC_TEST_STAGES  which stages, in order (default "normal asan tsan fuzz")
 #   GRAPHALLOC_BUILD_DIR    the normal build directory (default build-test; the others get -asan, -tsan)
 #   GRAPHALLOC_SANITIZER_TEST_SCALE  GRAPHALLOC_TEST_SCALE for the sanitizer stages (default 0.25)
+#   GRAPHALLOC_TORCH_HEADERS  PyTorch's include folder: without a PyTorch that python3 imports, the normal
+#                           stage still compiles the PyTorch backend against these headers (.ci/run sets it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -57,7 +59,7 @@ cpu_now() {
 normal_build=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
 # Sanitizer builds: -O1 with line tables only (enough for symbolized reports, and much faster to build on
 # CI's two cores), assertions on; no benchmarks, no CUDA kernels; the install test runs in the normal build.
-sanitizer_build=(-DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_ENABLE_CUDA=OFF
+sanitizer_build=(-DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_ENABLE_CUDA=OFF -DGRAPHALLOC_BUILD_TORCH_SHIM=OFF
                  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1")
 sanitizer_scale=${GRAPHALLOC_SANITIZER_TEST_SCALE:-0.25}
 

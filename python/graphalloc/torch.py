@@ -1,40 +1,34 @@
-"""graphalloc as PyTorch's CUDA allocator, through torch.cuda.memory.CUDAPluggableAllocator (no LD_PRELOAD).
+"""graphalloc as PyTorch's CUDA allocator (no LD_PRELOAD).
 
     import graphalloc.torch as gat
     gat.install(config="max_split_size_mb:256")   # before anything initialises CUDA
     import torch
     x = torch.empty(1 << 20, device="cuda")         # served by graphalloc
-    gat.memory_stats()["allocated_bytes.all.current"]
-    torch.cuda.memory_allocated()                   # works too: install() patches PyTorch's stats entry points
+    torch.cuda.memory_stats()["allocated_bytes.all.current"]   # graphalloc's statistics
+    torch.cuda.get_allocator_backend()              # "graphalloc"
 
-What works:
-  * every CUDA tensor allocation and free of the process goes through graphalloc_torch_malloc/free, on the
-    stream PyTorch hands over (graphalloc keeps per-stream caches, like PyTorch's allocator);
-  * Tensor.record_stream(s): wired through the pluggable allocator's set_record_stream_fn hook (a native C
-    function when the library exports graphalloc_torch_record_stream, else a ctypes trampoline);
-  * torch.cuda.empty_cache() and torch.cuda.set_per_process_memory_fraction() reach graphalloc through the
-    set_reset_fn / set_memory_fraction_fn hooks;
-  * statistics: memory_stats() & co. here; with patch_torch=True (default) also torch.cuda.memory_stats(),
-    memory_allocated(), max_memory_reserved(), reset_peak_memory_stats(), ... (PyTorch's pluggable allocator
-    cannot report them itself, pytorch#133281: without the patch they raise);
-  * snapshots: snapshot()/dump_snapshot() (graphalloc's JSON), export_torch() (PyTorch's memory_viz pickle,
-    through the `graphalloc` CLI), when the library exports graphalloc_snapshot_json.
+Two ways in, chosen by install(backend=...) or $GRAPHALLOC_TORCH_BACKEND (auto | allocator | pluggable):
 
-  * CUDA graphs (torch.cuda.graph, make_graphed_callables, CUDAGraph.capture_begin/end), when
-    libgraphalloc_torch.so (the C++ shim, built against this PyTorch: python/CMakeLists.txt) is found and this
-    PyTorch has the pool hooks: each capture allocates from a graphalloc private pool that stays reserved
-    while the graph lives, as with PyTorch's own allocator. Captures sharing a pool (pool=...) share one
-    graphalloc pool. graph_pool_stats(graph.pool()) shows it. Without the shim or the hooks, capture raises
-    GraphCaptureUnsupported saying why (it is never silently unsafe). hooks()['graph_pools'] says which.
-  * out of memory raises torch.cuda.OutOfMemoryError (with graphalloc's message) when the shim is loaded;
-    without it a failed allocation gives a tensor at address 0 (PyTorch never checks the pointer a pluggable
-    allocator returns; memory_stats()["num_ooms"] counts them). hooks()['oom'] says which.
+  * "allocator" (what "auto" picks when it can): libgraphalloc_torch.so's C++ backend, a complete
+    c10::cuda::CUDACachingAllocator::CUDAAllocator named "graphalloc", becomes PyTorch's CUDA allocator.
+    Every PyTorch entry point is then served by graphalloc itself, with nothing patched: allocation and
+    DataPtr frees, record_stream, empty_cache, memory fractions, memory_stats() and its peaks, cudnn's
+    cacheInfo, CUDA graphs and torch.cuda.MemPool / use_mem_pool on graphalloc private pools, the
+    checkpoint and restore torch.compile(mode="reduce-overhead") uses (expandable segments included),
+    _record_memory_history() / _snapshot() / _dump_snapshot() in PyTorch's own format (memory_viz), OOM
+    observers, and torch.cuda.OutOfMemoryError with graphalloc's figures. The library must be built against
+    this very PyTorch version (python/CMakeLists.txt); CUDA IPC of tensors raises an error saying what to do.
+  * "pluggable" (the fallback "auto" takes, with the reason in hooks()["backend"], when the backend cannot
+    be used: no library, or one built for another PyTorch): torch.cuda.memory.CUDAPluggableAllocator over
+    graphalloc's C ABI. Allocation, frees, record_stream, empty_cache and memory fractions reach graphalloc;
+    statistics through torch.cuda.memory_stats() & co. are patched here (patch_torch=True); CUDA graph
+    capture works through the shim's pool hooks when libgraphalloc_torch.so matches this PyTorch, and is
+    refused with GraphCaptureUnsupported otherwise; torch.compile's CUDA graph trees, MemPool and PyTorch's
+    snapshots do not work (PyTorch's pluggable allocator does not forward them): use snapshot() and
+    record_history() here instead.
 
-What does not work:
-  * torch.compile(mode="reduce-overhead") (CUDA graph trees), torch.cuda.MemPool / use_mem_pool,
-    torch.cuda.memory._snapshot()/_record_memory_history(): PyTorch's pluggable allocator does not forward
-    checkpoints, pool creation, snapshots or history (it raises). Use snapshot()/record_history() here.
-  * install() after CUDA is initialised: PyTorch cannot swap an allocator that has handed out memory.
+Either way install() must run before CUDA is initialised: PyTorch cannot swap an allocator that has handed
+out memory. backend() says which one is installed, hooks() how each PyTorch hook is served.
 """
 from __future__ import annotations
 
@@ -53,7 +47,7 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "set_per_process_memory_fraction", "record_stream", "record_history",
     "snapshot", "dump_snapshot", "export_torch", "config", "library_path", "graph_pool_id", "graph_pool_stats",
-    "open_capture_routes", "GraphCaptureUnsupported", "InstallError",
+    "open_capture_routes", "GraphCaptureUnsupported", "InstallError", "backend",
 ]
 
 _state_lock = threading.Lock()
@@ -62,6 +56,8 @@ _default_device: Optional[int] = None
 _hooks: Dict[str, str] = {}
 _keepalive: List[Any] = []   # ctypes trampolines PyTorch holds raw pointers to: never collected
 _devices_seen = set()
+_backend: Optional[str] = None   # "allocator" or "pluggable" once installed
+_BACKENDS = ("auto", "allocator", "pluggable")
 
 
 class InstallError(RuntimeError):
@@ -217,6 +213,15 @@ def _load_shim() -> "tuple[Optional[ctypes.CDLL], str]":
     shim.graphalloc_torch_shim_abandon.argtypes = [ctypes.c_int, ull, ull, ctypes.c_int]
     shim.graphalloc_torch_shim_open_routes.restype = ctypes.c_int
     shim.graphalloc_torch_shim_open_routes.argtypes = []
+    if hasattr(shim, "graphalloc_torch_backend_install"):
+        shim.graphalloc_torch_backend_install.restype = ctypes.c_int
+        shim.graphalloc_torch_backend_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        shim.graphalloc_torch_backend_is_current.restype = ctypes.c_int
+        shim.graphalloc_torch_backend_is_current.argtypes = []
+        shim.graphalloc_torch_backend_pool_of.restype = ctypes.c_int
+        shim.graphalloc_torch_backend_pool_of.argtypes = [ctypes.c_int, ull, ull, ctypes.POINTER(ctypes.c_uint64)]
+        shim.graphalloc_torch_backend_open_routes.restype = ctypes.c_int
+        shim.graphalloc_torch_backend_open_routes.argtypes = []
     _shim, _shim_path = shim, path
     return shim, ""
 
@@ -340,6 +345,10 @@ def graph_pool_id(pool, device=None) -> Optional[int]:
     if _shim is None:
         return None
     first, second = (int(x) for x in pool)
+    if _backend == "allocator":
+        out = ctypes.c_uint64(0)
+        found = _shim.graphalloc_torch_backend_pool_of(_device_index(device), first, second, ctypes.byref(out))
+        return out.value if found else None
     ga_pool, _ = _pool_of(_shim, _device_index(device), first, second)
     return ga_pool
 
@@ -352,6 +361,8 @@ def graph_pool_stats(pool, device=None) -> Optional[Dict[str, int]]:
 
 def open_capture_routes() -> int:
     """Routes of CUDA graph captures now open (0 outside captures; more means a capture leaked its route)."""
+    if _backend == "allocator":
+        return _shim.graphalloc_torch_backend_open_routes()
     return _shim.graphalloc_torch_shim_open_routes() if _shim is not None else 0
 
 
@@ -387,23 +398,23 @@ def _patch_torch(torch) -> None:
 
 
 def install(device: Union[int, str, None, Any] = None, config: Optional[str] = None,
-            patch_torch: bool = True, hooks: bool = True):
-    """Makes graphalloc PyTorch's CUDA allocator for this process; returns the CUDAPluggableAllocator.
+            patch_torch: bool = True, hooks: bool = True, backend: Optional[str] = None):
+    """Makes graphalloc PyTorch's CUDA allocator for this process; returns PyTorch's allocator object.
 
     Must run before anything initialises CUDA in PyTorch (the first CUDA tensor, torch.cuda.init(),
     torch.cuda.current_device(), ...). `config` (GRAPHALLOC_CONF syntax, e.g. "max_split_size_mb:256,
     record_history:True") is set as GRAPHALLOC_CONF for the allocators graphalloc creates on first use.
     `device` is the device the functions of this module use when theirs is None (default: the current
-    one); graphalloc serves every device either way. With patch_torch, torch.cuda.memory_stats() and the
-    functions built on it report graphalloc's statistics. hooks=False leaves the pluggable allocator's extra
-    hooks (record_stream, empty_cache, memory fraction, CUDA graph pools) unset; CUDA graph capture then
-    raises GraphCaptureUnsupported. When libgraphalloc_torch.so is found (beside libgraphalloc.so, or
-    $GRAPHALLOC_TORCH_SHIM; "off" disables it) its malloc serves PyTorch, so that out of memory raises
-    torch.cuda.OutOfMemoryError, and its pool hooks give each CUDA graph capture a graphalloc private pool;
-    without it, or without PyTorch's pool hooks, captures raise GraphCaptureUnsupported with the reason.
-    hooks() tells what was wired. Calling install() again returns the same allocator.
+    one); graphalloc serves every device either way. `backend` ("auto", "allocator" or "pluggable"; default
+    $GRAPHALLOC_TORCH_BACKEND, else "auto") picks the way in (see the module's documentation): "auto" takes
+    the C++ backend when libgraphalloc_torch.so was built for this PyTorch and the pluggable path otherwise,
+    saying why in hooks()["backend"]; "allocator" raises InstallError instead of falling back.
+    The pluggable path only: with patch_torch, torch.cuda.memory_stats() and the functions built on it
+    report graphalloc's statistics; hooks=False leaves the pluggable allocator's extra hooks (record_stream,
+    empty_cache, memory fraction, CUDA graph pools) unset, and CUDA graph capture then raises
+    GraphCaptureUnsupported. Calling install() again returns the same allocator.
     """
-    global _allocator, _default_device
+    global _allocator, _default_device, _backend
     import torch
 
     with _state_lock:
@@ -412,6 +423,10 @@ def install(device: Union[int, str, None, Any] = None, config: Optional[str] = N
                 raise InstallError("graphalloc is already installed with GRAPHALLOC_CONF="
                                    f"{os.environ.get('GRAPHALLOC_CONF')!r}; cannot change it to {config!r}")
             return _allocator
+        choice = backend if backend is not None else os.environ.get("GRAPHALLOC_TORCH_BACKEND", "auto") or "auto"
+        if choice not in _BACKENDS:
+            raise InstallError(f"graphalloc.torch.install(): backend must be one of {', '.join(_BACKENDS)}, "
+                               f"not {choice!r} (argument backend= or $GRAPHALLOC_TORCH_BACKEND)")
         if not torch.cuda.is_available():
             raise InstallError("graphalloc.torch.install(): PyTorch sees no CUDA device")
         if torch.cuda.is_initialized():
@@ -424,36 +439,75 @@ def install(device: Union[int, str, None, Any] = None, config: Optional[str] = N
         os.environ.setdefault("GRAPHALLOC_DEVICE", "cuda")
         if os.environ["GRAPHALLOC_DEVICE"] == "sim":
             raise InstallError("GRAPHALLOC_DEVICE=sim: the simulated device cannot back PyTorch tensors")
-        path = _ga.library_path()
-        _ga.library()  # load it (same path: PyTorch's ctypes.CDLL gets the same handle)
+        _ga.library()  # load it first: the shim binds to this very library (one set of allocators)
         shim, shim_reason = _load_shim()
-        if shim is not None:
-            # The shim's malloc raises torch.cuda.OutOfMemoryError; its free is graphalloc_torch_free.
-            allocator = torch.cuda.memory.CUDAPluggableAllocator(_shim_path, "graphalloc_torch_shim_malloc",
-                                                                 "graphalloc_torch_shim_free")
-            _hooks["oom"] = f"raises torch.cuda.OutOfMemoryError ({_shim_path})"
+        allocator = None
+        if choice != "pluggable":
+            allocator, reason = _install_backend(torch, shim, shim_reason)
+            if allocator is None and choice == "allocator":
+                raise InstallError(f"graphalloc.torch.install(backend='allocator'): {reason}")
         else:
-            allocator = torch.cuda.memory.CUDAPluggableAllocator(path, "graphalloc_torch_malloc",
-                                                                 "graphalloc_torch_free")
-            _hooks["oom"] = (f"NOT raised ({shim_reason}): a failed allocation gives a tensor at address 0; "
-                             "memory_stats()['num_ooms'] counts them")
-        if hooks:
-            _wire_hooks(allocator.allocator())
-            _wire_graph_pools(allocator.allocator(), torch, shim, shim_reason)
+            reason = "the pluggable path was asked for (backend='pluggable' or $GRAPHALLOC_TORCH_BACKEND)"
+        if allocator is not None:
+            _backend = "allocator"
+            _hooks["backend"] = (f"allocator: {_shim_path} is PyTorch's CUDA allocator "
+                                 f"(torch.cuda.get_allocator_backend() == 'graphalloc')")
         else:
-            _refuse_captures(torch, "install(hooks=False) leaves PyTorch's pool hooks unset")
-            _hooks["graph_pools"] = "unsupported, captures raise GraphCaptureUnsupported: install(hooks=False)"
-        try:
-            torch.cuda.memory.change_current_allocator(allocator)
-        except RuntimeError as e:
-            raise InstallError(f"graphalloc.torch.install(): PyTorch refused the allocator ({e}); it must be "
-                               "installed before CUDA is initialised") from e
+            allocator = _install_pluggable(torch, shim, shim_reason, patch_torch, hooks)
+            _backend = "pluggable"
+            _hooks["backend"] = f"pluggable: torch.cuda.memory.CUDAPluggableAllocator, because {reason}"
         if device is not None:
             _default_device = _device_index(device, allow_uninitialised=True)
-        if patch_torch:
-            _patch_torch(torch)
         _allocator = allocator
         return allocator
+
+
+def _install_backend(torch, shim, shim_reason: str):
+    """Installs the C++ backend: (PyTorch's allocator object, "") or (None, why it could not)."""
+    if shim is None:
+        return None, shim_reason
+    if not hasattr(shim, "graphalloc_torch_backend_install"):
+        return None, f"{_shim_path} has no PyTorch backend: rebuild it from this checkout"
+    error = ctypes.create_string_buffer(4096)
+    if shim.graphalloc_torch_backend_install(error, len(error)) != 0:
+        raise InstallError(f"graphalloc.torch.install(): PyTorch refused graphalloc's allocator: "
+                           f"{error.value.decode(errors='replace')}")
+    for name in ("oom", "graph_pools", "record_stream", "empty_cache", "memory_fraction", "torch_stats"):
+        _hooks[name] = "served by the backend (PyTorch's own entry points)"
+    return torch.cuda.memory._get_current_allocator(), ""
+
+
+def _install_pluggable(torch, shim, shim_reason: str, patch_torch: bool, hooks: bool):
+    """Installs graphalloc through torch.cuda.memory.CUDAPluggableAllocator; returns it."""
+    if shim is not None:
+        # The shim's malloc raises torch.cuda.OutOfMemoryError; its free is graphalloc_torch_free.
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(_shim_path, "graphalloc_torch_shim_malloc",
+                                                             "graphalloc_torch_shim_free")
+        _hooks["oom"] = f"raises torch.cuda.OutOfMemoryError ({_shim_path})"
+    else:
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(_ga.library_path(), "graphalloc_torch_malloc",
+                                                             "graphalloc_torch_free")
+        _hooks["oom"] = (f"NOT raised ({shim_reason}): a failed allocation gives a tensor at address 0; "
+                         "memory_stats()['num_ooms'] counts them")
+    if hooks:
+        _wire_hooks(allocator.allocator())
+        _wire_graph_pools(allocator.allocator(), torch, shim, shim_reason)
+    else:
+        _refuse_captures(torch, "install(hooks=False) leaves PyTorch's pool hooks unset")
+        _hooks["graph_pools"] = "unsupported, captures raise GraphCaptureUnsupported: install(hooks=False)"
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise InstallError(f"graphalloc.torch.install(): PyTorch refused the allocator ({e}); it must be "
+                           "installed before CUDA is initialised") from e
+    if patch_torch:
+        _patch_torch(torch)
+    return allocator
+
+
+def backend() -> Optional[str]:
+    """How graphalloc serves PyTorch: "allocator" (the C++ backend), "pluggable", or None before install()."""
+    return _backend
 
 
 def is_installed() -> bool:

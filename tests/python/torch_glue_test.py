@@ -226,6 +226,56 @@ class FindShimTest(unittest.TestCase):
             self.assertTrue(path.endswith("libgraphalloc_torch.so"))
 
 
+
+class FakeBackendShim:
+    """libgraphalloc_torch.so's backend entry point: succeeds, or fails with PyTorch's refusal."""
+
+    def __init__(self, refusal=None):
+        self.refusal = refusal
+        self.calls = 0
+
+    def graphalloc_torch_backend_install(self, error, size):
+        self.calls += 1
+        if self.refusal is None:
+            return 0
+        error.value = self.refusal.encode()
+        return 1
+
+
+class BackendChoiceTest(unittest.TestCase):
+    """install()'s choice between the C++ backend and the pluggable path, without PyTorch."""
+
+    def setUp(self):
+        gat._hooks.clear()
+        self.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=types.SimpleNamespace(
+            _get_current_allocator=lambda: "pytorch's allocator object")))
+
+    def test_without_the_shim_the_backend_is_unavailable_with_the_shims_reason(self):
+        allocator, reason = gat._install_backend(self.torch, None, "libgraphalloc_torch.so not found")
+        self.assertIsNone(allocator)
+        self.assertEqual(reason, "libgraphalloc_torch.so not found")
+
+    def test_a_shim_without_the_backend_says_to_rebuild(self):
+        allocator, reason = gat._install_backend(self.torch, types.SimpleNamespace(), "")
+        self.assertIsNone(allocator)
+        self.assertIn("has no PyTorch backend: rebuild it", reason)
+
+    def test_pytorchs_refusal_is_an_install_error_with_its_message(self):
+        shim = FakeBackendShim(refusal="Can't swap an already initialized allocator")
+        with self.assertRaises(gat.InstallError) as cm:
+            gat._install_backend(self.torch, shim, "")
+        self.assertIn("Can't swap an already initialized allocator", str(cm.exception))
+        self.assertEqual(shim.calls, 1)
+
+    def test_an_installed_backend_serves_every_hook_itself(self):
+        shim = FakeBackendShim()
+        allocator, reason = gat._install_backend(self.torch, shim, "")
+        self.assertEqual(allocator, "pytorch's allocator object")
+        self.assertEqual(reason, "")
+        self.assertEqual(gat.hooks()["graph_pools"], "served by the backend (PyTorch's own entry points)")
+        self.assertEqual(gat.hooks()["oom"], "served by the backend (PyTorch's own entry points)")
+
+
 if __name__ == "__main__":
     assert ctypes.sizeof(ctypes.c_ulonglong) == 8
     unittest.main(verbosity=2)

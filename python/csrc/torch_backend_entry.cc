@@ -1,0 +1,50 @@
+// The C entry points Python (graphalloc.torch) calls to install the PyTorch backend (torch_backend.h):
+// plain C, so that ctypes can call them and no C++ type crosses into Python.
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <optional>
+
+#include "python/csrc/torch_backend.h"
+
+#define GRAPHALLOC_BACKEND_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Makes graphalloc PyTorch's CUDA allocator. Returns 0, or 1 with the reason in `error` (NUL-terminated,
+// truncated to error_size) when PyTorch refuses, e.g. because CUDA was already initialised.
+GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_install(char* error, size_t error_size) {
+  try {
+    graphalloc_torch::InstallTorchBackend();
+    return 0;
+  } catch (const c10::Error& e) {
+    if (error != nullptr && error_size > 0)
+      std::snprintf(error, error_size, "%s", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    if (error != nullptr && error_size > 0) std::snprintf(error, error_size, "%s", e.what());
+  }
+  return 1;
+}
+
+// 1 when the backend is PyTorch's CUDA allocator now, else 0.
+GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_is_current(void) {
+  return c10::cuda::CUDACachingAllocator::get() == &graphalloc_torch::TorchBackend::Get() ? 1 : 0;
+}
+
+// The graphalloc pool behind PyTorch pool (first, second) on `device`: returns 1 and sets *pool, or 0 when
+// PyTorch holds no reference to it or it was never used.
+GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_pool_of(int device, unsigned long long first,
+                                                               unsigned long long second, uint64_t* pool) {
+  const std::optional<graphalloc::PoolId> id = graphalloc_torch::TorchBackend::Get().pools().GraphallocIdOf(
+      graphalloc_torch::TorchPoolKey{static_cast<c10::DeviceIndex>(device), {first, second}});
+  if (!id.has_value()) return 0;
+  if (pool != nullptr) *pool = *id;
+  return 1;
+}
+
+// PyTorch pool routes begun and not ended (0 outside captures and use_mem_pool blocks).
+GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_open_routes(void) {
+  return graphalloc_torch::TorchBackend::Get().pools().OpenRoutes();
+}

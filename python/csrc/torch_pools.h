@@ -1,0 +1,106 @@
+// PyTorch's memory pools (CUDA graph pools, torch.cuda.MemPool) on graphalloc private pools, for the
+// PyTorch backend (torch_backend.h).
+//
+// PyTorch names a pool by (device, MempoolId_t) and counts its references itself: createOrIncrefPool and
+// each beginAllocateToPool take one, releasePool drops one. The table holds one graphalloc PrivatePool
+// handle per PyTorch pool while PyTorch holds any reference; once the last goes, graphalloc keeps the pool
+// only as long as its blocks live, then returns its memory (PyTorch's own allocator waits for the next
+// emptyCache; the memory is unused either way). The graphalloc pool is created on first use, not by
+// createOrIncrefPool, because PyTorch sets use_on_oom and no_split after creating a MemPool and graphalloc
+// fixes a pool's options when it is created.
+#ifndef GRAPHALLOC_PYTHON_CSRC_TORCH_POOLS_H_
+#define GRAPHALLOC_PYTHON_CSRC_TORCH_POOLS_H_
+
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_set>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "allocator/pool_checkpoint.h"
+
+namespace graphalloc_torch {
+
+// A PyTorch pool's identity: its device and PyTorch's id.
+struct TorchPoolKey {
+  c10::DeviceIndex device = 0;
+  c10::MempoolId_t id{0, 0};
+  auto operator<=>(const TorchPoolKey&) const = default;
+};
+
+// getCheckpointState's result: the graphalloc checkpoint of one pool, restorable by setCheckpointPoolState.
+struct GraphallocPoolState final : c10::cuda::CUDACachingAllocator::AllocatorState {
+  TorchPoolKey key;
+  graphalloc::PrivatePool pool;  // keeps the graphalloc pool while the state exists
+  graphalloc::PoolCheckpoint checkpoint;
+};
+
+class TorchPoolTable {
+ public:
+  // `allocator_of(device)` is the device's graphalloc allocator (created on first use; throws on failure).
+  explicit TorchPoolTable(std::function<graphalloc::CachingAllocator&(c10::DeviceIndex)> allocator_of)
+      : allocator_of_(std::move(allocator_of)) {}
+
+  void CreateOrIncref(const TorchPoolKey& key);
+  // Takes a reference and routes the allocations `filter` accepts to the pool until End(); allocations are
+  // in capture mode meanwhile (no event queries, nothing returned to the device), as PyTorch's allocator
+  // treats every pool route as a capture underway.
+  void Begin(const TorchPoolKey& key, std::function<bool(cudaStream_t)> filter);
+  // Never throws: PyTorch calls it from CUDAGraph::capture_end. An unknown route is reported on stderr.
+  void End(const TorchPoolKey& key);
+  // Never throws: PyTorch calls it from destructors.
+  void Release(const TorchPoolKey& key);
+  // PyTorch's references to the pool (0 for a pool it does not know).
+  int UseCount(const TorchPoolKey& key);
+  void SetUseOnOom(const TorchPoolKey& key, bool use_on_oom);
+  void SetNoSplit(const TorchPoolKey& key);
+  // Whether the pool's allocated blocks are exactly `expected` (PyTorch's checkPoolLiveAllocations).
+  bool CheckLiveAllocations(const TorchPoolKey& key, const std::unordered_set<void*>& expected);
+  // Returns the pool's cached free memory to the device; nothing for a pool graphalloc never created.
+  void EmptyCache(const TorchPoolKey& key);
+
+  std::shared_ptr<GraphallocPoolState> Checkpoint(const TorchPoolKey& key);
+  // Restores `state`. `freed`: blocks allocated before and free now, or allocated before and again now
+  // (PyTorch frees every block of the pool and allocates the checkpoint's: a pointer may be in both lists);
+  // `allocated`: every block the checkpoint has allocated, each now owned by the caller.
+  struct Restored {
+    std::vector<void*> freed;
+    std::vector<std::pair<void*, std::size_t>> allocated;
+  };
+  Restored Restore(const GraphallocPoolState& state);
+
+  // Routes begun and not ended (0 outside captures and use_mem_pool blocks).
+  int OpenRoutes();
+  // The graphalloc pool behind a PyTorch pool, if PyTorch holds a reference and it was used.
+  std::optional<graphalloc::PoolId> GraphallocIdOf(const TorchPoolKey& key);
+
+  // The PyTorch id of graphalloc pool `pool` on `device`: {0, 0} for the default pool, and {0, pool} for a
+  // graphalloc pool PyTorch does not name (created through graphalloc's own API).
+  c10::MempoolId_t TorchIdOf(c10::DeviceIndex device, graphalloc::PoolId pool);
+
+ private:
+  struct Entry {
+    int references = 0;
+    graphalloc::PoolOptions options;
+    graphalloc::PrivatePool pool;  // empty until first used
+  };
+
+  Entry& Find(const TorchPoolKey& key, const char* operation);
+  // The entry's graphalloc pool, created with the entry's options on first use.
+  graphalloc::PrivatePool& PoolOf(const TorchPoolKey& key, Entry& entry);
+
+  const std::function<graphalloc::CachingAllocator&(c10::DeviceIndex)> allocator_of_;
+  std::mutex mu_;
+  std::map<TorchPoolKey, Entry> entries_;
+  std::map<TorchPoolKey, graphalloc::PoolRoute> routes_;
+};
+
+}  // namespace graphalloc_torch
+
+#endif  // GRAPHALLOC_PYTHON_CSRC_TORCH_POOLS_H_
