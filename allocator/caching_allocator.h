@@ -103,6 +103,9 @@ class CachingAllocator {
   // Another user of a live pool; NotFound once the pool is gone.
   absl::StatusOr<PrivatePool> AcquirePool(PoolId id);
   absl::StatusOr<PoolStats> GetPoolStats(PoolId id) const;
+  // Whether default-pool allocations that would fail may take the pool's cached blocks (PoolOptions::
+  // use_on_oom), from now on. NotFound once the pool is gone.
+  absl::Status SetPoolUseOnOom(PoolId id, bool use_on_oom);
   // Returns the pool's cached free memory to the device, unless a graph pins it (then nothing, and OK).
   absl::Status EmptyPoolCache(PoolId id);
   // Routes matching allocations to `pool` until the returned route ends (private_pool.h). A kCapture route

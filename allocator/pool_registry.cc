@@ -164,6 +164,14 @@ absl::StatusOr<PoolStats> CachingAllocator::GetPoolStats(PoolId id) const {
   return stats;
 }
 
+absl::Status CachingAllocator::SetPoolUseOnOom(PoolId id, bool use_on_oom) {
+  MutexLock lock(&device_mu_);
+  auto it = pools_.find(id);
+  if (it == pools_.end()) return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", id));
+  it->second->use_on_oom.store(use_on_oom, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
 absl::Status CachingAllocator::EmptyPoolCache(PoolId id) {
   {
     MutexLock lock(&device_mu_);

@@ -177,7 +177,7 @@ DevicePtr CachingAllocator::AllocateFromOomPools(Stream stream, std::size_t size
   {
     MutexLock lock(&device_mu_);
     for (const auto& [id, pool] : pools_) {
-      if (pool->options.use_on_oom && !pool->orphaned.load(std::memory_order_relaxed))
+      if (pool->use_on_oom.load(std::memory_order_relaxed) && !pool->orphaned.load(std::memory_order_relaxed))
         candidates.push_back(id);
     }
   }

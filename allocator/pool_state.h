@@ -14,7 +14,7 @@ namespace graphalloc {
 inline constexpr PoolId kRetiredPool = ~PoolId{0};
 
 struct PoolState {
-  PoolState(PoolId i, PoolOptions o) : id(i), options(o) {}
+  PoolState(PoolId i, PoolOptions o) : id(i), options(o), use_on_oom(o.use_on_oom) {}
 
   // Counts bytes allocated (+) or freed (-) in the pool's blocks; called with the block's shard locked.
   void AddAllocated(std::int64_t bytes, std::int64_t blocks) {
@@ -26,7 +26,9 @@ struct PoolState {
   }
 
   const PoolId id;
-  const PoolOptions options;
+  const PoolOptions options;  // as created; use_on_oom below is the one in force
+  // Changed by SetPoolUseOnOom (PyTorch's MemPool turns it off before it lets the pool go).
+  std::atomic<bool> use_on_oom;
   // Users (PrivatePool handles and open routes) and GraphPins. Read without the allocator's lock by the
   // release paths: a pool only gains users from someone who already holds one.
   std::atomic<int> users{0};

@@ -122,11 +122,10 @@ int TorchPoolTable::UseCount(const TorchPoolKey& key) {
 void TorchPoolTable::SetUseOnOom(const TorchPoolKey& key, bool use_on_oom) {
   std::lock_guard<std::mutex> lock(mu_);
   Entry& entry = Find(key, "setUseOnOOM");
-  TORCH_CHECK(!entry.pool || entry.options.use_on_oom == use_on_oom, "graphalloc: setUseOnOOM on ",
-              Describe(key),
-              " after it was first used: graphalloc fixes a pool's options when it first "
-              "allocates; pass use_on_oom when creating the MemPool");
   entry.options.use_on_oom = use_on_oom;
+  if (!entry.pool) return;  // created with it on first use
+  absl::Status s = entry.pool.allocator()->SetPoolUseOnOom(entry.pool.id(), use_on_oom);
+  TORCH_CHECK(s.ok(), "graphalloc: setUseOnOOM on ", Describe(key), ": ", s.ToString());
 }
 
 void TorchPoolTable::SetNoSplit(const TorchPoolKey& key) {

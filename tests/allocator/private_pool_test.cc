@@ -258,6 +258,26 @@ TEST_F(PrivatePoolTest, UseOnOomLetsTheDefaultPoolTakeCachedBlocks) {
   ExpectInvariants();
 }
 
+TEST_F(PrivatePoolTest, UseOnOomTurnedOffStopsTheLending) {
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
+  ASSERT_OK_AND_ASSIGN(PrivatePool lender, allocator_->CreatePool({.use_on_oom = true}));
+  {
+    ASSERT_OK_AND_ASSIGN(PoolRoute route,
+                         allocator_->BeginAllocateToPool(lender, PoolRouteFilter::ForCallingThread()));
+    FreeOk(Alloc(20 * kMiB));
+  }
+  allocator_->SetMemoryLimit(20 * kMiB);  // the lender holds it all
+  ASSERT_OK(allocator_->SetPoolUseOnOom(lender.id(), false));
+  EXPECT_TRUE(absl::IsResourceExhausted(allocator_->Allocate(20 * kMiB).status()));
+  EXPECT_EQ(PoolStatsOf(lender).live_blocks, 0u);
+  ASSERT_OK(allocator_->SetPoolUseOnOom(lender.id(), true));
+  const DevicePtr borrowed = Alloc(20 * kMiB);
+  EXPECT_EQ(PoolStatsOf(lender).live_blocks, 1u);
+  FreeOk(borrowed);
+  EXPECT_TRUE(absl::IsNotFound(allocator_->SetPoolUseOnOom(lender.id() + 100, true)));
+  ExpectInvariants();
+}
+
 TEST_F(PrivatePoolTest, NoSplitGivesEveryBlockASegmentOfItsOwn) {
   GRAPHALLOC_ALLOCATOR_SETUP();
   ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool({.no_split = true}));
