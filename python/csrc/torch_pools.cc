@@ -28,6 +28,8 @@ std::vector<std::pair<void*, std::size_t>> AllocatedBlocks(const graphalloc::Poo
   return blocks;
 }
 
+thread_local std::optional<TorchPoolKey> last_begun;
+
 }  // namespace
 
 TorchPoolTable::Entry& TorchPoolTable::Find(const TorchPoolKey& key, const char* operation) {
@@ -77,6 +79,7 @@ void TorchPoolTable::Begin(const TorchPoolKey& key, std::function<bool(cudaStrea
     throw;
   }
   ++entry.references;
+  last_begun = key;
 }
 
 void TorchPoolTable::End(const TorchPoolKey& key) {
@@ -215,6 +218,18 @@ TorchPoolTable::Restored TorchPoolTable::Restore(const GraphallocPoolState& stat
 int TorchPoolTable::OpenRoutes() {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(routes_.size());
+}
+
+std::optional<TorchPoolKey> TorchPoolTable::LastBegunOnThisThread() const { return last_begun; }
+
+bool TorchPoolTable::RouteOpen(const TorchPoolKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return routes_.contains(key);
+}
+
+void TorchPoolTable::Abandon(const TorchPoolKey& key, bool release) {
+  if (RouteOpen(key)) End(key);
+  if (release) Release(key);
 }
 
 std::optional<graphalloc::PoolId> TorchPoolTable::GraphallocIdOf(const TorchPoolKey& key) {

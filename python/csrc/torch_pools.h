@@ -77,6 +77,15 @@ class TorchPoolTable {
 
   // Routes begun and not ended (0 outside captures and use_mem_pool blocks).
   int OpenRoutes();
+  // The pool whose route the calling thread began last, if any (CUDAGraph.capture_begin begins it on the
+  // calling thread; graphalloc.torch's clean-up of a failed capture looks it up there).
+  std::optional<TorchPoolKey> LastBegunOnThisThread() const;
+  bool RouteOpen(const TorchPoolKey& key);
+  // After a capture failed before PyTorch ended its route (cudaStreamEndCapture raised in capture_end, so
+  // endAllocateToPool never ran): ends the route if it is open and, with `release`, drops the reference
+  // beginAllocateToPool took, for a graph PyTorch will never release. Left open, the route would keep the
+  // allocator in capture mode for good.
+  void Abandon(const TorchPoolKey& key, bool release);
   // The graphalloc pool behind a PyTorch pool, if PyTorch holds a reference and it was used.
   std::optional<graphalloc::PoolId> GraphallocIdOf(const TorchPoolKey& key);
 

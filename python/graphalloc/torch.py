@@ -38,6 +38,7 @@ import os
 import sys
 import tempfile
 import threading
+import types
 from typing import Any, Dict, List, Optional, Union
 
 import graphalloc as _ga
@@ -222,6 +223,13 @@ def _load_shim() -> "tuple[Optional[ctypes.CDLL], str]":
         shim.graphalloc_torch_backend_pool_of.argtypes = [ctypes.c_int, ull, ull, ctypes.POINTER(ctypes.c_uint64)]
         shim.graphalloc_torch_backend_open_routes.restype = ctypes.c_int
         shim.graphalloc_torch_backend_open_routes.argtypes = []
+        shim.graphalloc_torch_backend_last_begun.restype = ctypes.c_int
+        shim.graphalloc_torch_backend_last_begun.argtypes = [ctypes.POINTER(ctypes.c_int), ull_p, ull_p]
+        shim.graphalloc_torch_backend_route_of.restype = ctypes.c_int
+        shim.graphalloc_torch_backend_route_of.argtypes = [ctypes.c_int, ull, ull, ctypes.POINTER(ctypes.c_uint64),
+                                                           ctypes.POINTER(ctypes.c_int)]
+        shim.graphalloc_torch_backend_abandon.restype = None
+        shim.graphalloc_torch_backend_abandon.argtypes = [ctypes.c_int, ull, ull, ctypes.c_int]
     _shim, _shim_path = shim, path
     return shim, ""
 
@@ -472,8 +480,18 @@ def _install_backend(torch, shim, shim_reason: str):
     if shim.graphalloc_torch_backend_install(error, len(error)) != 0:
         raise InstallError(f"graphalloc.torch.install(): PyTorch refused graphalloc's allocator: "
                            f"{error.value.decode(errors='replace')}")
-    for name in ("oom", "graph_pools", "record_stream", "empty_cache", "memory_fraction", "torch_stats"):
+    for name in ("record_stream", "empty_cache", "memory_fraction", "torch_stats"):
         _hooks[name] = "served by the backend (PyTorch's own entry points)"
+    _hooks["oom"] = f"raises torch.cuda.OutOfMemoryError (the backend, {_shim_path})"
+    _hooks["graph_pools"] = (f"wired (the backend, {_shim_path}): each CUDA graph capture and MemPool allocates "
+                             "from a graphalloc private pool")
+    # PyTorch leaves a failed capture's route open (it raises before endAllocateToPool): the same clean-up as
+    # the pluggable path's, through the backend's pool table.
+    _patch_capture_cleanup(torch, types.SimpleNamespace(
+        graphalloc_torch_shim_open_routes=shim.graphalloc_torch_backend_open_routes,
+        graphalloc_torch_shim_last_begun=shim.graphalloc_torch_backend_last_begun,
+        graphalloc_torch_shim_pool_of=shim.graphalloc_torch_backend_route_of,
+        graphalloc_torch_shim_abandon=shim.graphalloc_torch_backend_abandon))
     return torch.cuda.memory._get_current_allocator(), ""
 
 

@@ -228,11 +228,16 @@ class FindShimTest(unittest.TestCase):
 
 
 class FakeBackendShim:
-    """libgraphalloc_torch.so's backend entry point: succeeds, or fails with PyTorch's refusal."""
+    """libgraphalloc_torch.so's backend entry points: install succeeds, or fails with PyTorch's refusal."""
 
     def __init__(self, refusal=None):
         self.refusal = refusal
         self.calls = 0
+        fake = FakeShim()
+        self.graphalloc_torch_backend_open_routes = fake.graphalloc_torch_shim_open_routes
+        self.graphalloc_torch_backend_last_begun = fake.graphalloc_torch_shim_last_begun
+        self.graphalloc_torch_backend_route_of = fake.graphalloc_torch_shim_pool_of
+        self.graphalloc_torch_backend_abandon = fake.graphalloc_torch_shim_abandon
 
     def graphalloc_torch_backend_install(self, error, size):
         self.calls += 1
@@ -247,8 +252,8 @@ class BackendChoiceTest(unittest.TestCase):
 
     def setUp(self):
         gat._hooks.clear()
-        self.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(memory=types.SimpleNamespace(
-            _get_current_allocator=lambda: "pytorch's allocator object")))
+        self.torch = fake_torch(FakeShim())
+        self.torch.cuda.memory = types.SimpleNamespace(_get_current_allocator=lambda: "pytorch's allocator object")
 
     def test_without_the_shim_the_backend_is_unavailable_with_the_shims_reason(self):
         allocator, reason = gat._install_backend(self.torch, None, "libgraphalloc_torch.so not found")
@@ -272,8 +277,9 @@ class BackendChoiceTest(unittest.TestCase):
         allocator, reason = gat._install_backend(self.torch, shim, "")
         self.assertEqual(allocator, "pytorch's allocator object")
         self.assertEqual(reason, "")
-        self.assertEqual(gat.hooks()["graph_pools"], "served by the backend (PyTorch's own entry points)")
-        self.assertEqual(gat.hooks()["oom"], "served by the backend (PyTorch's own entry points)")
+        self.assertTrue(gat.hooks()["graph_pools"].startswith("wired (the backend"), gat.hooks()["graph_pools"])
+        self.assertTrue(gat.hooks()["oom"].startswith("raises torch.cuda.OutOfMemoryError"), gat.hooks()["oom"])
+        self.assertEqual(gat.hooks()["empty_cache"], "served by the backend (PyTorch's own entry points)")
 
 
 if __name__ == "__main__":

@@ -56,13 +56,17 @@ class BackendInstallTest(unittest.TestCase):
 
     def test_record_stream_delays_reuse(self):
         side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
         x = torch.empty(MiB, dtype=torch.uint8, device="cuda")
         ptr = x.data_ptr()
         with torch.cuda.stream(side):
-            torch.cuda._sleep(50_000_000)  # keeps the side stream busy
+            torch.cuda._sleep(100_000_000)  # keeps the side stream busy for tens of milliseconds
             x.add_(1)
         x.record_stream(side)
+        active = torch.cuda.memory_stats()["active_bytes.all.current"]
         del x
+        # Freed, but waiting for the side stream's work: still active, as PyTorch counts it.
+        self.assertEqual(torch.cuda.memory_stats()["active_bytes.all.current"], active)
         y = torch.empty(MiB, dtype=torch.uint8, device="cuda")
         self.assertNotEqual(y.data_ptr(), ptr)  # not reused while the side stream may still use it
         torch.cuda.synchronize()
@@ -138,12 +142,14 @@ class BackendInstallTest(unittest.TestCase):
         self.assertFalse(torch._C._cuda_checkPoolLiveAllocations(device, pool, {a_ptr}))
         del b  # dies after the checkpoint: restoring brings its block back, and PyTorch frees it then
         self.assertTrue(torch._C._cuda_checkPoolLiveAllocations(device, pool, {a_ptr}))
-        a_storage = a.untyped_storage()._cdata
-        torch._C._cuda_setCheckpointPoolState(device, state, [a_storage], [a_storage])
+        # As graph trees do: `a` is stale (its deleter goes), the restored blocks are freed by raw_delete.
+        torch._C._cuda_setCheckpointPoolState(device, state, [a.untyped_storage()._cdata], [])
+        self.assertTrue(torch._C._cuda_checkPoolLiveAllocations(device, pool, {a_ptr, b_ptr}))
+        self.assertEqual(a[0].item(), 7.0)  # restoring moves no memory
+        del a  # no longer owns its block
+        self.assertTrue(torch._C._cuda_checkPoolLiveAllocations(device, pool, {a_ptr, b_ptr}))
+        torch._C._cuda_cudaCachingAllocator_raw_delete(a_ptr)
         torch._C._cuda_cudaCachingAllocator_raw_delete(b_ptr)
-        self.assertTrue(torch._C._cuda_checkPoolLiveAllocations(device, pool, {a_ptr}))
-        self.assertEqual(a[0].item(), 7.0)
-        del a  # its storage owns the restored block now: the free empties the pool
         self.assertTrue(torch._C._cuda_checkPoolLiveAllocations(device, pool, set()))
         torch._C._cuda_releasePool(device, pool)
 

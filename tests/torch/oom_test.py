@@ -30,7 +30,8 @@ class OomTest(unittest.TestCase):
             torch.empty(1 << 50, dtype=torch.uint8, device="cuda")  # 1 PiB
         message = str(cm.exception)
         print("message:", message, flush=True)
-        self.assertIn("CUDA out of memory (graphalloc)", message)
+        self.assertIn("CUDA out of memory", message)
+        self.assertIn("graphalloc", message)
         self.assertIn("tried to allocate", message)
         self.assertEqual(gat.memory_stats()["num_ooms"], before + 1)
         x = torch.ones(1000, device="cuda")

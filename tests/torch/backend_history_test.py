@@ -1,0 +1,197 @@
+"""PyTorch's allocation history and snapshots served by graphalloc's C++ backend: _record_memory_history(),
+_snapshot() (segments with blocks, exact requested sizes for odd sizes, Python frames naming the allocating
+function), trace entries alloc / free_requested / free_completed, max_entries, _dump_snapshot() to a pickle that
+torch.cuda._memory_viz renders (trace_plot, segment_plot and its command line), and user metadata."""
+import inspect
+import os
+import pickle
+import subprocess
+import sys
+import unittest
+
+import _backend_common as bc
+import _common
+
+MiB = bc.MiB
+ODD = 3 * MiB + 5        # large pool: rounded to 512 B
+ODD_SMALL = 1001         # small pool: rounded to 1024
+
+
+def allocate_for_history_test(torch):
+    """The function whose name the recorded Python frames must show."""
+    big = torch.empty(ODD, dtype=torch.uint8, device="cuda")
+    small = torch.empty(ODD_SMALL, dtype=torch.uint8, device="cuda")
+    return big, small
+
+
+def round512(n):
+    return (n + 511) // 512 * 512
+
+
+def frame_names(entry):
+    return [f.get("name", "") for f in entry.get("frames", [])]
+
+
+class BackendHistoryTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.gat, cls.torch = bc.install_backend()
+
+    def tearDown(self):
+        self.torch.cuda.memory._record_memory_history(enabled=None)
+
+    def record(self, **kw):
+        torch = self.torch
+        torch.cuda.synchronize()
+        fn = torch.cuda.memory._record_memory_history
+        fn(enabled=None)
+        args = dict(enabled="all", context="all", stacks="python", max_entries=100000)
+        if "clear_history" in inspect.signature(fn).parameters:
+            args["clear_history"] = True  # earlier tests' entries at the same addresses would confuse these
+        args.update(kw)
+        fn(**args)
+
+    def test_snapshot_blocks_and_frames(self):
+        torch = self.torch
+        self.record()
+        big, small = allocate_for_history_test(torch)
+        snap = torch.cuda.memory._snapshot()
+        self.assertIn("segments", snap)
+        self.assertIn("device_traces", snap)
+        found = {}
+        for seg in snap["segments"]:
+            for key in ("address", "total_size", "stream", "segment_type", "allocated_size", "active_size",
+                        "blocks", "segment_pool_id"):
+                self.assertIn(key, seg)
+            self.assertEqual(sum(b["size"] for b in seg["blocks"]), seg["total_size"])
+            addr = seg["address"]
+            for blk in seg["blocks"]:
+                if addr in (big.data_ptr(), small.data_ptr()) and blk["state"] == "active_allocated":
+                    found[addr] = (seg, blk)
+                addr += blk["size"]
+        self.assertIn(big.data_ptr(), found, "the odd-sized large block is not in any segment")
+        self.assertIn(small.data_ptr(), found, "the odd-sized small block is not in any segment")
+        seg, blk = found[big.data_ptr()]
+        self.assertEqual(blk["requested_size"], ODD)
+        self.assertEqual(blk["size"], round512(ODD))
+        self.assertEqual(seg["segment_type"], "large")
+        self.assertIn("allocate_for_history_test", frame_names(blk), blk.get("frames"))
+        self.assertTrue(any(f.get("filename", "").endswith("backend_history_test.py") for f in blk["frames"]))
+        seg, blk = found[small.data_ptr()]
+        self.assertEqual(blk["requested_size"], ODD_SMALL)
+        self.assertEqual(blk["size"], 1024)
+        self.assertEqual(seg["segment_type"], "small")
+        # The snapshot agrees with the statistics.
+        stats = torch.cuda.memory_stats()
+        self.assertEqual(sum(s["total_size"] for s in snap["segments"]), stats["reserved_bytes.all.current"])
+        self.assertEqual(sum(s["allocated_size"] for s in snap["segments"]), stats["allocated_bytes.all.current"])
+        del big, small
+
+    def test_trace_alloc_free_requested_free_completed(self):
+        torch = self.torch
+        self.record()
+        big, small = allocate_for_history_test(torch)
+        ptr = big.data_ptr()
+        del big
+        torch.cuda.synchronize()
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        at = [i for i, e in enumerate(trace) if e.get("addr") == ptr and e["action"] == "alloc"]
+        self.assertTrue(at, "no alloc entry at the block's address")
+        mine = [e for e in trace[at[-1]:] if e.get("addr") == ptr]
+        actions = [e["action"] for e in mine]
+        print("actions at the block:", actions, flush=True)
+        self.assertEqual(actions[0], "alloc")
+        self.assertIn("free_requested", actions)
+        self.assertIn("free_completed", actions)
+        self.assertLess(actions.index("free_requested"), actions.index("free_completed"))
+        alloc = mine[0]
+        self.assertEqual(alloc["size"], ODD)  # PyTorch records the requested size in alloc entries
+        self.assertIn("allocate_for_history_test", frame_names(alloc))
+        free = mine[actions.index("free_requested")]
+        self.assertIn("test_trace_alloc_free_requested_free_completed", frame_names(free))
+        for e in trace:
+            for key in ("action", "addr", "size", "stream"):
+                self.assertIn(key, e)
+            if e["action"] in ("alloc", "free_requested") and e.get("addr") == ptr:
+                self.assertIn("frames", e)  # entries without a context (snapshot, segment_*) have none
+        del small
+
+    def test_max_entries_keeps_the_last(self):
+        torch = self.torch
+        self.record(max_entries=7)
+        ts = []
+        for i in range(20):
+            ts.append(torch.empty(512 * (i + 1), dtype=torch.uint8, device="cuda"))
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        self.assertEqual(len(trace), 7)
+        # _snapshot() records its own "snapshot" entry, as PyTorch's allocator does: the last before it is ours.
+        last = [e for e in trace if e["action"] != "snapshot"][-1]
+        self.assertEqual(last["action"], "alloc")
+        self.assertEqual(last["addr"], ts[-1].data_ptr())
+        sizes = [e["size"] for e in trace if e["action"] == "alloc"]  # (a segment_alloc may be among them)
+        self.assertEqual(sizes, [512 * (i + 1) for i in range(20 - len(sizes), 20)])
+        del ts
+
+    def test_dump_snapshot_renders_with_memory_viz(self):
+        torch = self.torch
+        from torch.cuda import _memory_viz
+        self.record()
+        big, small = allocate_for_history_test(torch)
+        del small
+        out = _common.out_dir("backend_history")
+        path = os.path.join(str(out), "snapshot.pickle")
+        torch.cuda.memory._dump_snapshot(path)
+        with open(path, "rb") as f:
+            snap = pickle.load(f)
+        self.assertTrue(snap["segments"])
+        self.assertTrue(snap["device_traces"][0])
+        html = _memory_viz.trace_plot(snap)
+        self.assertIn("<html", html[:3000].lower())
+        self.assertGreater(len(html), 1000)
+        seg_html = _memory_viz.segment_plot(snap)
+        self.assertGreater(len(seg_html), 1000)
+        for cmd in ("trace_plot", "segment_plot"):
+            target = os.path.join(str(out), f"{cmd}.html")
+            r = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", cmd, path, "-o", target],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+            self.assertGreater(os.path.getsize(target), 1000)
+        stats = _memory_viz.segsum(snap) if hasattr(_memory_viz, "segsum") else ""
+        print(str(stats)[:800], flush=True)
+        del big
+
+    def test_user_metadata(self):
+        torch = self.torch
+        setter = getattr(torch.cuda.memory, "_set_memory_metadata", None)
+        if setter is None:
+            self.skipTest("this PyTorch has no torch.cuda.memory._set_memory_metadata")
+        self.record()
+        setter("graphalloc metadata")
+        try:
+            x = torch.empty(5000, dtype=torch.uint8, device="cuda")
+            ptr = x.data_ptr()
+            del x
+        finally:
+            setter("")
+        y = torch.empty(7000, dtype=torch.uint8, device="cuda")
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        # y may reuse x's address: x's entry is the alloc of 5000 bytes there.
+        tagged = [e for e in trace if e.get("addr") == ptr and e["action"] == "alloc" and e["size"] == 5000]
+        self.assertTrue(tagged)
+        self.assertEqual(tagged[-1].get("user_metadata"), "graphalloc metadata")
+        later = [e for e in trace if e.get("addr") == y.data_ptr() and e["action"] == "alloc" and e["size"] == 7000]
+        self.assertEqual(later[-1].get("user_metadata", ""), "")
+        del y
+
+    def test_history_off_records_nothing(self):
+        torch = self.torch
+        self.record()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        x = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        snap = torch.cuda.memory._snapshot()
+        self.assertFalse(any(e.get("addr") == x.data_ptr() for t in snap["device_traces"] for e in t))
+        del x
+
+
+if __name__ == "__main__":
+    bc.run_main()
