@@ -13,7 +13,9 @@
 //     inputs' sizes are looked up (one hash lookup) among the recordings there, and a match replays;
 //   - on a mismatch (a static input moved, say), is recorded again as a sibling, at most `max_recordings`
 //     times per (parent node, function); past that the function runs eagerly (outside the pool) at that
-//     place from then on, with one logged warning naming the function, the input and both addresses.
+//     place from then on, with one logged warning naming the function, the input and both addresses; an
+//     eager call is still a node of the step's path (docs/graph_tree_rules.md: aliasing, mutation,
+//     fallback, generators).
 // The tree shares one pool among all its recordings; each node keeps the allocator checkpoint taken right
 // after it was recorded, and recording a new child of a node restores that checkpoint first, so a branch
 // sees exactly the memory its parent left (and the outputs that died since are reused).
