@@ -166,6 +166,18 @@ void TreeReplay(benchmark::State& state, BenchDevice* dev, bool wall) {
   state.counters["recordings"] = static_cast<double>(tree->Dump().counters.recordings);
 }
 
+// Captures `body` on `inputs` into `pool`; `outputs` gets what it returned (the caller frees them).
+absl::StatusOr<OwnedGraph> CaptureWorkload(BenchDevice& dev, const PrivatePool& pool,
+                                           const TreeFunction& body, const std::vector<BufferView>& inputs,
+                                           std::vector<BufferView>* outputs) {
+  return CaptureIntoPool(*dev.allocator, pool, dev.stream, [&](Stream s) {
+    absl::StatusOr<std::vector<BufferView>> out = body(inputs, s);
+    if (!out.ok()) return out.status();
+    *outputs = std::move(*out);
+    return absl::OkStatus();
+  });
+}
+
 // GraphLaunch of the workload captured once (what the tree replays, without the tree).
 void RawLaunch(benchmark::State& state, BenchDevice* dev, bool wall) {
   Workload w(*dev, static_cast<int>(state.range(0)));
@@ -177,12 +189,7 @@ void RawLaunch(benchmark::State& state, BenchDevice* dev, bool wall) {
   const TreeFunction body = w.Body();
   const std::vector<BufferView> inputs = w.Inputs();
   std::vector<BufferView> outputs;
-  absl::StatusOr<OwnedGraph> graph = CaptureIntoPool(*dev->allocator, *pool, dev->stream, [&](Stream s) {
-    absl::StatusOr<std::vector<BufferView>> out = body(inputs, s);
-    if (!out.ok()) return out.status();
-    outputs = std::move(*out);
-    return absl::OkStatus();
-  });
+  absl::StatusOr<OwnedGraph> graph = CaptureWorkload(*dev, *pool, body, inputs, &outputs);
   absl::StatusOr<OwnedGraphExec> exec =
       graph.ok() ? Instantiate(*dev->driver, *graph) : absl::StatusOr<OwnedGraphExec>(graph.status());
   absl::StatusOr<GraphPin> pin = dev->allocator->PinForGraph(*pool);
@@ -344,12 +351,7 @@ void Capture(benchmark::State& state, BenchDevice* dev, bool /*unused*/) {
   std::vector<BufferView> outputs;
   for (auto _ : state) {
     const Clock::time_point t0 = Clock::now();
-    absl::StatusOr<OwnedGraph> g = CaptureIntoPool(*dev->allocator, *pool, dev->stream, [&](Stream s) {
-      absl::StatusOr<std::vector<BufferView>> out = body(inputs, s);
-      if (!out.ok()) return out.status();
-      outputs = std::move(*out);
-      return absl::OkStatus();
-    });
+    absl::StatusOr<OwnedGraph> g = CaptureWorkload(*dev, *pool, body, inputs, &outputs);
     state.SetIterationTime(Seconds(Clock::now() - t0));
     if (!g.ok()) [[unlikely]] {
       state.SkipWithError(g.status().ToString().c_str());

@@ -20,19 +20,8 @@ using Outputs = std::vector<TreeOutput>;
 
 constexpr float kDropP = 0.3f;
 
-class TreeRngTest : public GraphFixture {
+class TreeRngTest : public TreeTest {
  protected:
-  void SetUp() override {
-    GraphFixture::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    tree_ = MakeTree();
-    ASSERT_NE(tree_, nullptr);
-  }
-  void TearDown() override {
-    tree_.reset();
-    GraphFixture::TearDown();
-  }
-
   // (x) -> (dropout(x), uniform noise): two reservations from `gen` per call.
   TreeFunction Noisy(Generator& gen) {
     return [this, &gen](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
@@ -85,7 +74,6 @@ class TreeRngTest : public GraphFixture {
     return values;
   }
 
-  std::unique_ptr<GraphTree> tree_;
   bool fail_next_ = false;
 };
 
