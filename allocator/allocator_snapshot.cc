@@ -1,6 +1,7 @@
 // TakeSnapshot(): the allocator's segments, blocks, statistics and history as a MemorySnapshot.
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "absl/container/flat_hash_map.h"
 #include "allocator/caching_allocator.h"
@@ -16,7 +17,6 @@ BlockState StateOf(const Block* b) {
 }  // namespace
 
 MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  history_.Record(HistoryAction::kSnapshot, 0, 0, 0, 0);
   MemorySnapshot snapshot;
   snapshot.label = std::string(label);
   snapshot.source = "graphalloc";
@@ -94,11 +94,32 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
   shard_set_mu_.Unlock();
 
+  // As PyTorch: the snapshot's own event is its last, with the active bytes it saw (LastAction() skips it).
+  history_.Record(HistoryAction::kSnapshot, 0,
+                  static_cast<std::uint64_t>(snapshot.stats.active_bytes.all().current), 0, 0);
   history_.ExportTo(&snapshot);
-  // A live block's stack and annotation are those of the last recorded allocation at its address.
+  // A live block's stack and annotation are those of the last recorded allocation at its address. A
+  // segment's stack is that of the last segment_alloc at its address or, for an expandable segment (whose
+  // reservation is not an event), of the oldest segment_map still in the history inside it.
   absl::flat_hash_map<std::uint64_t, const HistoryEvent*> last_alloc;
+  absl::flat_hash_map<std::uint64_t, const HistoryEvent*> last_segment_alloc;
+  std::map<std::uint64_t, const HistoryEvent*> first_map;  // by address, for the range lookup below
   for (const HistoryEvent& e : snapshot.history) {
     if (e.action == HistoryAction::kAlloc) last_alloc[e.address] = &e;
+    if (e.action == HistoryAction::kSegmentAlloc) last_segment_alloc[e.address] = &e;
+    if (e.action == HistoryAction::kSegmentMap) first_map.emplace(e.address, &e);
+  }
+  for (SegmentSnapshot& segment : snapshot.segments) {
+    const HistoryEvent* made = nullptr;
+    if (auto it = last_segment_alloc.find(segment.address); it != last_segment_alloc.end()) {
+      made = it->second;
+    } else if (segment.expandable) {
+      for (auto it = first_map.lower_bound(segment.address);
+           it != first_map.end() && it->first < segment.address + segment.total_size; ++it) {
+        if (made == nullptr || it->second->time_us < made->time_us) made = it->second;
+      }
+    }
+    if (made != nullptr) segment.frames = made->frames;
   }
   if (!last_alloc.empty()) {
     for (SegmentSnapshot& segment : snapshot.segments) {

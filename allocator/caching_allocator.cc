@@ -26,9 +26,11 @@ thread_local ShardCache tls_shard;
 
 // Records a block event when history is on. The check comes first so that, with history off, nothing of
 // the block or its segment (which has the block's stream) is read.
+// Block events carry the caller's requested size, as PyTorch's trace entries do (the block's rounded size
+// is in the snapshot's blocks).
 void RecordBlockEvent(HistoryRing& history, HistoryAction action, const Block* block) {
   if (!history.enabled()) return;
-  history.Record(action, block->ptr, block->size, static_cast<std::uint64_t>(block->stream()), 0);
+  history.Record(action, block->ptr, block->requested_size, static_cast<std::uint64_t>(block->stream()), 0);
 }
 
 bool Mergeable(const Block* dst, const Block* src) {
@@ -371,7 +373,6 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     shard->allocated.Erase(ptr);
     block->allocated = false;
     UpdateAllocationStats(*shard, block, block->segment->pool->is_small, -1);
-    block->requested_size = 0;
     ReleaseBlock(*shard, block);
     const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
     shard->mu.Unlock();
@@ -419,6 +420,7 @@ PoolId CachingAllocator::LastBlockOfOrphan(const StreamShard& shard) const {
 
 void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
   RecordBlockEvent(history_, HistoryAction::kFreeCompleted, block);
+  block->requested_size = 0;  // kept while the free was pending, for the event above
   const bool small = block->segment->pool->is_small;
   shard.stats.active.Decrease(small, 1);
   shard.stats.active_bytes.Decrease(small, static_cast<std::int64_t>(block->size));

@@ -375,6 +375,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     DevicePtr ptr;
     std::size_t size;
     Stream stream;
+    std::size_t requested;  // what the history's events carry
   };
   // Both in address order (segments_ is, and so is each chain): the differences are a linear merge.
   std::vector<Live> live_before;
@@ -409,7 +410,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     for (Block* b = segment->head; b != nullptr;) {
       Block* next = b->next;
       if (b->allocated) {
-        live_before.push_back({b->ptr, b->size, b->stream()});
+        live_before.push_back({b->ptr, b->size, b->stream(), b->requested_size});
         shard.allocated.Erase(b->ptr);
         delta.out.Add(b, config_.max_split_size);
       } else {
@@ -455,7 +456,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
         const DevicePtr p = segment->base + bs.offset;
         if (bs.allocated) {
           pieces.push_back({p, bs.size, true, true, bs.requested_size});
-          allocated_after.push_back({p, bs.size, segment->stream});
+          allocated_after.push_back({p, bs.size, segment->stream, bs.requested_size});
         } else {
           add_free(p, p + bs.size);
         }
@@ -528,11 +529,12 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
         (i < live_before.size() && key(live_before[i]) < key(allocated_after[j]))) {
       const Live& l = live_before[i++];
       result.freed.push_back(l.ptr);
-      history_.Record(HistoryAction::kFreeCompleted, l.ptr, l.size, static_cast<std::uint64_t>(l.stream), 0);
+      history_.Record(HistoryAction::kFreeCompleted, l.ptr, l.requested, static_cast<std::uint64_t>(l.stream),
+                      0);
     } else if (i == live_before.size() || key(allocated_after[j]) < key(live_before[i])) {
       const Live& l = allocated_after[j++];
       result.created.push_back({l.ptr, l.size, l.stream});
-      history_.Record(HistoryAction::kAlloc, l.ptr, l.size, static_cast<std::uint64_t>(l.stream), 0);
+      history_.Record(HistoryAction::kAlloc, l.ptr, l.requested, static_cast<std::uint64_t>(l.stream), 0);
     } else {
       ++i;  // live in both
       ++j;

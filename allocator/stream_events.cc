@@ -52,11 +52,10 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   // On failure the block stays allocated, exactly as before the call.
   if (!status.ok()) return status;
   shard.allocated.Erase(ptr);
-  history_.Record(HistoryAction::kFreeRequested, block->ptr, block->size,
+  history_.Record(HistoryAction::kFreeRequested, block->ptr, block->requested_size,
                   static_cast<std::uint64_t>(block->stream()), 0);
   block->allocated = false;
   UpdateAllocationStats(shard, block, block->segment->pool->is_small, -1);
-  block->requested_size = 0;
   block->stream_uses.clear();
   if (live == 0) {  // every recorded stream was gone, and the device is synchronized: free now
     ReleaseBlock(shard, block);

@@ -18,10 +18,12 @@ void LogTreeMessageToStderr(TreeLogLevel level, std::string_view message) {
 GraphTree::GraphTree(CachingAllocator& allocator, TreeOptions options)
     : allocator_(allocator), driver_(allocator.driver()), options_(std::move(options)) {}
 
-absl::StatusOr<std::unique_ptr<GraphTree>> GraphTree::Create(CachingAllocator& allocator, TreeOptions options) {
+absl::StatusOr<std::unique_ptr<GraphTree>> GraphTree::Create(CachingAllocator& allocator,
+                                                             TreeOptions options) {
   if (options.max_recordings < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "GraphTree: max_recordings must be >= 0 (re-records allowed per call site), got %d", options.max_recordings));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("GraphTree: max_recordings must be >= 0 (re-records allowed per call site), got %d",
+                        options.max_recordings));
   }
   std::unique_ptr<GraphTree> tree(new GraphTree(allocator, std::move(options)));
   if (absl::Status s = tree->Init(); !s.ok()) return s;
@@ -90,6 +92,10 @@ absl::StatusOr<FunctionId> GraphTree::Register(TreeFunction function, FunctionOp
     if (i >= fn.is_static.size()) fn.is_static.resize(i + 1, false);
     fn.is_static[i] = true;
   }
+  for (std::size_t i : options.mutated_inputs) {
+    if (i >= fn.is_mutated.size()) fn.is_mutated.resize(i + 1, false);
+    fn.is_mutated[i] = true;
+  }
   fn.origin = std::make_shared<const OutputOrigin>(OutputOrigin{epoch_, options.name, this});
   fn.options = std::move(options);
   functions_.push_back(std::move(fn));
@@ -123,8 +129,9 @@ void GraphTree::EndStep() {
 CallSite& GraphTree::SiteFor(TreeNode* parent, FunctionId function) {
   auto& sites = parent == nullptr ? roots_ : parent->children;
   std::unique_ptr<CallSite>& site = sites[function];
-  if (site == nullptr) site = std::make_unique<CallSite>(driver_, options_.executables_per_site,
-                                                      options_.update_executables_first, parent, function);
+  if (site == nullptr)
+    site = std::make_unique<CallSite>(driver_, options_.executables_per_site,
+                                      options_.update_executables_first, parent, function);
   return *site;
 }
 
@@ -141,7 +148,8 @@ absl::Status GraphTree::CheckInputs(std::span<const CallInput> inputs) const {
 InputRole GraphTree::RoleOf(const Function& fn, std::size_t i, const CallInput& input) const {
   if (i < fn.is_static.size() && fn.is_static[i]) return InputRole::kStatic;
   const OutputState* out = input.output();
-  if (out != nullptr && out->recorded && out->origin->tree == this && out->Current()) return InputRole::kManaged;
+  if (out != nullptr && out->recorded && out->origin->tree == this && out->Current())
+    return InputRole::kManaged;
   return InputRole::kCopied;
 }
 
@@ -205,10 +213,12 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Call(FunctionId id, std::span
   if (options_.implicit_steps && !path_.empty() && path_.front().function == id) EndStep();
 
   CallSite* site = in_warmup_ ? nullptr : &SiteFor(current_, id);
+  if (site != nullptr && fn.runs_eagerly && !site->eager) MakeSiteEager(*site, fn.eager_warning);
   if (site != nullptr && site->eager) {
     ++site->eager_calls;
-    return RunEager(fn, inputs, stream);
+    return RunEager(fn, site, inputs, stream);
   }
+  if (fn.runs_eagerly) return RunEager(fn, nullptr, inputs, stream);  // in a warmup step
   if (in_warmup_ || fn.warmup_runs < fn.options.warmup_calls) return Warmup(id, inputs, stream);
 
   BuildKey(fn, inputs);
@@ -218,21 +228,21 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Call(FunctionId id, std::span
   if (!site->nodes.empty()) {
     why = ExplainMiss(*site);
     if (site->rerecords >= options_.max_recordings) {
-      site->eager = true;
       ++site->eager_calls;
-      const std::string where =
-          site->parent == nullptr
-              ? std::string("as a root")
-              : absl::StrFormat("under node %d (function '%s')", site->parent->id,
-                                functions_[site->parent->function].options.name);
-      site->eager_warning = absl::StrFormat(
-          "graph tree: function '%s' %s would be recorded again because %s, but it was already re-recorded "
-          "%d times there (max_recordings = %d); from now on it runs eagerly there (no graph, outside the "
-          "pool). Keep that input's address fixed, pass it as a copied input, or raise "
-          "TreeOptions::max_recordings",
-          fn.options.name, where, DescribeMismatch(why), site->rerecords, options_.max_recordings);
+      const std::string where = site->parent == nullptr
+                                    ? std::string("as a root")
+                                    : absl::StrFormat("under node %d (function '%s')", site->parent->id,
+                                                      functions_[site->parent->function].options.name);
+      MakeSiteEager(
+          *site,
+          absl::StrFormat("graph tree: function '%s' %s would be recorded again because %s, but it was "
+                          "already re-recorded %d times there (max_recordings = %d); from now on it runs "
+                          "eagerly there (no graph, outside the pool). Keep that input's address fixed, "
+                          "pass it as a copied input, or raise TreeOptions::max_recordings",
+                          fn.options.name, where, DescribeMismatch(why), site->rerecords,
+                          options_.max_recordings));
       Log(TreeLogLevel::kWarning, site->eager_warning);
-      return RunEager(fn, inputs, stream);
+      return RunEager(fn, site, inputs, stream);
     }
   }
   return Record(*site, inputs, stream, why);
@@ -249,6 +259,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Replay(TreeNode& node, std::s
   if (absl::Status s = PrepareRngReplay(node, stream); !s.ok()) return s;
   if (absl::Status s = driver_.GraphLaunch(*exec, stream); !s.ok()) return s;
   launched_ = true;
+  if (absl::Status s = WriteBack(node, inputs, stream); !s.ok()) return s;
   ++node.replays;
   ++counters_.replays;
   return FinishRecordedCall(node, inputs, stream);
@@ -261,12 +272,14 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::FinishRecordedCall(TreeNode& 
   PathEntry& entry = path_.emplace_back();
   entry.node = &node;
   entry.function = node.function;
-  std::vector<TreeOutput> outputs = MakeOutputs(fn, node.outputs, inputs, /*recorded=*/true, entry);
+  std::vector<TreeOutput> outputs =
+      MakeOutputs(fn, node.outputs, inputs, OutputKind::kPool, /*recorded=*/true, entry);
   current_ = &node;
   return MaybeClone(fn, std::move(outputs), stream);
 }
 
-absl::StatusOr<std::vector<TreeOutput>> GraphTree::MaybeClone(const Function& fn, std::vector<TreeOutput> outputs,
+absl::StatusOr<std::vector<TreeOutput>> GraphTree::MaybeClone(const Function& fn,
+                                                              std::vector<TreeOutput> outputs,
                                                               Stream stream) {
   if (!fn.options.clone_outputs) return outputs;
   for (TreeOutput& out : outputs) {
@@ -278,40 +291,37 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::MaybeClone(const Function& fn
   return outputs;
 }
 
-absl::StatusOr<std::vector<TreeOutput>> GraphTree::RunEager(Function& fn, std::span<const CallInput> inputs,
+void GraphTree::MakeSiteEager(CallSite& site, std::string warning) {
+  site.eager = true;
+  site.eager_warning = std::move(warning);
+  auto node = std::make_unique<TreeNode>();
+  node->id = next_node_id_++;
+  node->eager = true;
+  node->function = site.function;
+  node->parent = site.parent;
+  node->site = &site;
+  node->depth = site.parent != nullptr ? site.parent->depth + 1 : 0;
+  site.eager_node = std::move(node);
+}
+
+absl::StatusOr<std::vector<TreeOutput>> GraphTree::RunEager(Function& fn, CallSite* site,
+                                                            std::span<const CallInput> inputs,
                                                             Stream stream) {
   scratch_views_.resize(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) scratch_views_[i] = inputs[i].view();
   absl::StatusOr<std::vector<BufferView>> produced = fn.body(scratch_views_, stream);
   if (!produced.ok()) return produced.status();
   ++counters_.eager_runs;
-  std::vector<TreeOutput> outputs(produced->size());
-  for (std::size_t j = 0; j < produced->size(); ++j) {
-    const BufferView& b = (*produced)[j];
-    auto state = std::make_shared<OutputState>();
-    state->index = static_cast<std::uint32_t>(j);
-    state->origin = fn.origin;
-    state->allocator = &allocator_;
-    state->buffer = b;
-    // The function allocated it (outside any pool): the handles own it, unless it is one of the inputs or
-    // an earlier output (then it is borrowed, and freed by whoever owns it).
-    bool borrowed = b.ptr == 0;
-    for (std::size_t i = 0; i < inputs.size() && !borrowed; ++i) {
-      if (inputs[i].view().ptr != b.ptr) continue;
-      borrowed = true;
-      if (inputs[i].handle() != nullptr) outputs[j] = TreeOutput(*inputs[i].handle());  // the same output
-    }
-    for (std::size_t k = 0; k < j && !borrowed; ++k) {
-      if ((*produced)[k].ptr == b.ptr) {
-        outputs[j] = outputs[k];
-        break;
-      }
-    }
-    if (!outputs[j].empty()) continue;
-    state->kind = borrowed ? OutputKind::kBorrowed : OutputKind::kOwned;
-    outputs[j] = TreeOutput(std::move(state));
+  // New outputs were allocated outside any pool: the handles own them. Aliases of inputs are borrowed.
+  const std::vector<OutputSpec> specs = ClassifyOutputs(scratch_views_, *produced);
+  PathEntry& entry = path_.emplace_back();
+  entry.eager = true;
+  entry.function = static_cast<FunctionId>(&fn - functions_.data());
+  if (site != nullptr) {
+    entry.node = site->eager_node.get();
+    current_ = entry.node;
   }
-  return outputs;
+  return MakeOutputs(fn, specs, inputs, OutputKind::kOwned, /*recorded=*/false, entry);
 }
 
 }  // namespace graphalloc

@@ -13,7 +13,9 @@
 //     inputs' sizes are looked up (one hash lookup) among the recordings there, and a match replays;
 //   - on a mismatch (a static input moved, say), is recorded again as a sibling, at most `max_recordings`
 //     times per (parent node, function); past that the function runs eagerly (outside the pool) at that
-//     place from then on, with one logged warning naming the function, the input and both addresses.
+//     place from then on, with one logged warning naming the function, the input and both addresses; an
+//     eager call is still a node of the step's path (docs/graph_tree_rules.md: aliasing, mutation,
+//     fallback, generators).
 // The tree shares one pool among all its recordings; each node keeps the allocator checkpoint taken right
 // after it was recorded, and recording a new child of a node restores that checkpoint first, so a branch
 // sees exactly the memory its parent left (and the outputs that died since are reused).
@@ -51,7 +53,8 @@
 
 namespace graphalloc {
 
-class Generator;  // rng/generator.h
+class Generator;           // rng/generator.h
+class InputMutationCheck;  // graph/input_mutation_check.h
 
 enum class TreeLogLevel { kInfo, kWarning };
 // Where the tree's messages go: the eager-fallback warning (once per call site) and informational lines.
@@ -70,6 +73,11 @@ struct TreeOptions {
   // Calling the function at the root of the current step again begins a new step. Turn off when the
   // root function legitimately runs twice in a step (a reused layer) and call BeginStep() instead.
   bool implicit_steps = true;
+  // Compare each copied input's bytes before and after every warmup call (a synchronizing host copy):
+  // a function that writes a copied input it did not declare in FunctionOptions::mutated_inputs is
+  // reported once (a warning naming it and the input) and runs eagerly from then on, since a recording
+  // would write the graph's private copy instead. Off: such a write is not detected (declare it).
+  bool check_input_mutation = true;
   // Empty: warnings go to stderr, info is dropped.
   TreeLogSink log;
 };
@@ -77,22 +85,28 @@ struct TreeOptions {
 // What a function receives: its inputs as the graph sees them (static and managed inputs at the caller's
 // addresses, copied inputs in the graph's own buffers) and the stream to enqueue on. It returns output
 // buffers it allocated with the tree's allocator (CachingAllocator::Allocate; the tree routes them to its
-// pool), or static inputs returned as they are. Outputs must be whole allocations (the address Allocate
-// returned). It must enqueue its work on `stream` (or on streams joined to it) and must not synchronize:
-// during a recording it runs inside a stream capture.
+// pool), or aliases of its inputs: an input returned as it is or a view of one (a sub-range), also of a
+// copied input (the output is then the caller's buffer) or of an earlier output of the same call. New
+// outputs must be whole allocations (the address Allocate returned). It must enqueue its work on `stream` (or
+// on streams joined to it) and must not synchronize: during a recording it runs inside a stream capture.
 using TreeFunction =
     std::function<absl::StatusOr<std::vector<BufferView>>(std::span<const BufferView> inputs, Stream stream)>;
 
 struct FunctionOptions {
-  std::string name;                        // for messages and the dump; "function <id>" when empty
-  std::vector<std::size_t> static_inputs;  // indices of the static inputs
-  int warmup_calls = 1;                    // eager calls (in the pool) before the first recording
-  bool clone_outputs = false;              // hand out owned copies that outlive the step
+  std::string name;                             // for messages and the dump; "function <id>" when empty
+  std::vector<std::size_t> static_inputs = {};  // indices of the static inputs
+  int warmup_calls = 1;                         // eager calls (in the pool) before the first recording
+  bool clone_outputs = false;                   // hand out owned copies that outlive the step
+  // Indices of inputs the function writes. Static and managed inputs are read and written in place; a
+  // copied one is copied into the graph's buffer before each launch and back into the caller's buffer
+  // right after it (on the same stream), so the caller sees the write as an eager call would make it.
+  std::vector<std::size_t> mutated_inputs = {};
   // Random generators the function draws from (rng/generator.h). A graph must not bake a (seed, offset)
   // in, so each recording captures their state (its own device slots) and every launch of it is preceded
   // by the generator's PrepareReplay on the launch stream: a sequence of calls draws exactly what the same
   // sequence of eager calls would, whether each call warms up, records, replays or runs eagerly. They
-  // must outlive the tree, and must not be in another capture while the tree records.
+  // must outlive the tree, and must not be in another capture while the tree records. Drawing from a
+  // generator not listed here while the function is recorded fails the recording (rng/draw_guard.h).
   std::vector<Generator*> generators = {};
 };
 
@@ -100,7 +114,8 @@ class GraphTree {
  public:
   // A tree with its own pool in `allocator` (which must outlive it) and its own stream for warmups and
   // recordings.
-  static absl::StatusOr<std::unique_ptr<GraphTree>> Create(CachingAllocator& allocator, TreeOptions options = {});
+  static absl::StatusOr<std::unique_ptr<GraphTree>> Create(CachingAllocator& allocator,
+                                                           TreeOptions options = {});
   // Waits for the device, then frees the pool: outputs of the tree are gone afterwards (reading one is an
   // error saying so).
   ~GraphTree();
@@ -113,7 +128,8 @@ class GraphTree {
   // recording, replay and eager fallback). Errors: an unknown function, an input that was overwritten, the
   // function's own error, or a driver or allocator failure; after any of them the tree and the allocator
   // stay usable and the call had no effect on the tree's state.
-  absl::StatusOr<std::vector<TreeOutput>> Call(FunctionId function, std::span<const CallInput> inputs, Stream stream);
+  absl::StatusOr<std::vector<TreeOutput>> Call(FunctionId function, std::span<const CallInput> inputs,
+                                               Stream stream);
   absl::StatusOr<std::vector<TreeOutput>> Call(FunctionId function, std::initializer_list<CallInput> inputs,
                                                Stream stream) {
     return Call(function, std::span<const CallInput>(inputs.begin(), inputs.size()), stream);
@@ -136,8 +152,12 @@ class GraphTree {
     TreeFunction body;
     FunctionOptions options;
     std::vector<bool> is_static;
+    std::vector<bool> is_mutated;
     std::shared_ptr<const OutputOrigin> origin;
     int warmup_runs = 0;
+    // Set when a warmup found an undeclared write to a copied input: every call runs eagerly.
+    bool runs_eagerly = false;
+    std::string eager_warning;
   };
 
   GraphTree(CachingAllocator& allocator, TreeOptions options);
@@ -154,26 +174,43 @@ class GraphTree {
   TreeNode* FindReplayable(CallSite& site) const;
   bool LivenessAllows(const TreeNode& node) const;
   KeyMismatch ExplainMiss(const CallSite& site) const;
-  absl::StatusOr<std::vector<TreeOutput>> Replay(TreeNode& node, std::span<const CallInput> inputs, Stream stream);
-  absl::StatusOr<std::vector<TreeOutput>> RunEager(Function& fn, std::span<const CallInput> inputs, Stream stream);
-  // Output handles for one call, from its specs; fills `entry.outputs` (tree_recording.cc).
+  absl::StatusOr<std::vector<TreeOutput>> Replay(TreeNode& node, std::span<const CallInput> inputs,
+                                                 Stream stream);
+  // An eager call: a node of the path (the site's eager node; none during a warmup step) whose outputs
+  // are the caller's.
+  absl::StatusOr<std::vector<TreeOutput>> RunEager(Function& fn, CallSite* site,
+                                                   std::span<const CallInput> inputs, Stream stream);
+  // Marks `site` eager with `warning` and makes its eager node.
+  void MakeSiteEager(CallSite& site, std::string warning);
+  // Output handles for one call, from its specs: new outputs get `new_kind` (kPool: of this step,
+  // `recorded` when a recording made them; kOwned: eager). Fills `entry.outputs` (tree_recording.cc).
   std::vector<TreeOutput> MakeOutputs(const Function& fn, std::span<const OutputSpec> specs,
-                                      std::span<const CallInput> inputs, bool recorded, PathEntry& entry);
+                                      std::span<const CallInput> inputs, OutputKind new_kind, bool recorded,
+                                      PathEntry& entry);
+  // Copies declared mutated copied inputs back into the caller's buffers after a launch of `node`.
+  absl::Status WriteBack(const TreeNode& node, std::span<const CallInput> inputs, Stream stream);
+  // Whether a warmup of `fn` compares input `i` before and after the call
+  // (TreeOptions::check_input_mutation).
+  bool ChecksForMutation(const Function& fn, std::size_t i, const CallInput& input) const;
   // Hands out a recorded node's outputs for this step and appends the call to the path.
-  absl::StatusOr<std::vector<TreeOutput>> FinishRecordedCall(TreeNode& node, std::span<const CallInput> inputs,
+  absl::StatusOr<std::vector<TreeOutput>> FinishRecordedCall(TreeNode& node,
+                                                             std::span<const CallInput> inputs,
                                                              Stream stream);
   absl::StatusOr<std::vector<TreeOutput>> MaybeClone(const Function& fn, std::vector<TreeOutput> outputs,
                                                      Stream stream);
   void Log(TreeLogLevel level, std::string_view message) const;
 
   // ---- Warmup and recording (tree_recording.cc). ----
-  absl::StatusOr<std::vector<TreeOutput>> Warmup(FunctionId id, std::span<const CallInput> inputs, Stream stream);
-  absl::StatusOr<std::vector<TreeOutput>> Record(CallSite& site, std::span<const CallInput> inputs, Stream stream,
-                                                 const KeyMismatch& why);
-  // What the function returned, checked and classified (OutputSpec); `seen` is what it was passed.
-  absl::StatusOr<std::vector<OutputSpec>> ClassifyOutputs(const Function& fn, std::span<const CallInput> inputs,
-                                                          std::span<const BufferView> seen,
-                                                          std::span<const BufferView> produced) const;
+  absl::StatusOr<std::vector<TreeOutput>> Warmup(FunctionId id, std::span<const CallInput> inputs,
+                                                 Stream stream);
+  // After a warmup of `fn` (its work on the tree's stream): an input that changed makes `fn` run eagerly
+  // from then on, with one warning naming it and the input.
+  absl::Status CheckWarmupMutation(Function& fn, InputMutationCheck& check);
+  absl::StatusOr<std::vector<TreeOutput>> Record(CallSite& site, std::span<const CallInput> inputs,
+                                                 Stream stream, const KeyMismatch& why);
+  // What the function returned, classified (OutputSpec); `seen` is what it was passed.
+  static std::vector<OutputSpec> ClassifyOutputs(std::span<const BufferView> seen,
+                                                 std::span<const BufferView> produced);
   // The pool's layout now, once blocks waiting on stream events have settled.
   absl::StatusOr<PoolCheckpoint> CheckpointPool();
   // Makes the pool's layout what it was right after `parent` was recorded (empty for a root), minus the

@@ -43,10 +43,12 @@ TreeDump GraphTree::Dump() const {
   for (std::size_t i = 0; i < functions_.size(); ++i) {
     const Function& f = functions_[i];
     dump.functions.push_back(TreeDumpFunction{static_cast<std::uint32_t>(i), f.options.name,
-                                              f.options.static_inputs, f.options.warmup_calls, f.warmup_runs});
+                                              f.options.static_inputs, f.options.warmup_calls,
+                                              f.warmup_runs});
   }
   // Depth-first over sites; sites of one parent in function order, for a stable dump.
-  auto visit = [&](auto& self, const absl::flat_hash_map<FunctionId, std::unique_ptr<CallSite>>& sites) -> void {
+  auto visit = [&](auto& self,
+                   const absl::flat_hash_map<FunctionId, std::unique_ptr<CallSite>>& sites) -> void {
     std::vector<const CallSite*> ordered;
     for (const auto& [fn, site] : sites) ordered.push_back(site.get());
     std::sort(ordered.begin(), ordered.end(),
@@ -64,6 +66,7 @@ TreeDump GraphTree::Dump() const {
       ds.eager = site->eager;
       ds.eager_calls = site->eager_calls;
       ds.eager_warning = site->eager_warning;
+      ds.eager_node = site->eager_node != nullptr ? site->eager_node->id : 0;
       ds.executables = site->executables.size();
       ds.executable_counters = site->executables.counters();
       dump.sites.push_back(std::move(ds));
@@ -88,6 +91,7 @@ TreeDump GraphTree::Dump() const {
         dump.nodes.push_back(std::move(dn));
         self(self, node->children);
       }
+      if (site->eager_node != nullptr) self(self, site->eager_node->children);
     }
   };
   visit(visit, roots_);
@@ -96,26 +100,29 @@ TreeDump GraphTree::Dump() const {
 
 std::string FormatTreeDump(const TreeDump& dump) {
   std::string out = absl::StrFormat(
-      "graph tree: step %d, pool %d (%d bytes reserved, %d allocated); %d recordings (%d failed), %d replays, "
+      "graph tree: step %d, pool %d (%d bytes reserved, %d allocated); %d recordings (%d failed), %d "
+      "replays, "
       "%d warmup runs, %d eager runs, %d checkpoint restores\n",
       dump.step, dump.pool, dump.pool_reserved_bytes, dump.pool_allocated_bytes, dump.counters.recordings,
-      dump.counters.failed_recordings, dump.counters.replays, dump.counters.warmup_runs, dump.counters.eager_runs,
-      dump.counters.checkpoint_restores);
+      dump.counters.failed_recordings, dump.counters.replays, dump.counters.warmup_runs,
+      dump.counters.eager_runs, dump.counters.checkpoint_restores);
   for (const TreeDumpNode& n : dump.nodes) {
     absl::StrAppend(&out, std::string(2 * (n.depth + 1), ' '),
-                    absl::StrFormat("node %d '%s' (parent %d): %d replays%s; %s", n.id, n.function_name, n.parent,
-                                    n.replays, n.has_executable ? "" : ", no executable now",
+                    absl::StrFormat("node %d '%s' (parent %d): %d replays%s; %s", n.id, n.function_name,
+                                    n.parent, n.replays, n.has_executable ? "" : ", no executable now",
                                     n.reason == RerecordReason::kFirst ? std::string("first recording")
                                                                        : n.reason_detail));
     absl::StrAppend(&out, "; inputs [");
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       const KeyInput& in = n.inputs[i];
       absl::StrAppend(&out, i == 0 ? "" : ", ", InputRoleName(in.role),
-                      in.role == InputRole::kCopied ? "" : absl::StrFormat(" 0x%x", in.ptr), " ", in.bytes, "B");
+                      in.role == InputRole::kCopied ? "" : absl::StrFormat(" 0x%x", in.ptr), " ", in.bytes,
+                      "B");
     }
     absl::StrAppend(&out, "]; outputs [");
     for (std::size_t i = 0; i < n.outputs.size(); ++i) {
-      absl::StrAppend(&out, i == 0 ? "" : ", ", absl::StrFormat("0x%x %dB", n.outputs[i].ptr, n.outputs[i].bytes));
+      absl::StrAppend(&out, i == 0 ? "" : ", ",
+                      absl::StrFormat("0x%x %dB", n.outputs[i].ptr, n.outputs[i].bytes));
     }
     absl::StrAppend(&out, "]\n");
   }
@@ -128,10 +135,14 @@ std::string FormatTreeDump(const TreeDump& dump) {
                                               s.reasons[r]));
       }
     }
-    absl::StrAppend(&out, absl::StrFormat("; %d executables (%d instantiated, %d updated)", s.executables,
-                                          s.executable_counters.instantiations, s.executable_counters.updates));
+    absl::StrAppend(&out,
+                    absl::StrFormat("; %d executables (%d instantiated, %d updated)", s.executables,
+                                    s.executable_counters.instantiations, s.executable_counters.updates));
     if (s.failed_recordings > 0) absl::StrAppend(&out, absl::StrFormat("; %d failed", s.failed_recordings));
-    if (s.eager) absl::StrAppend(&out, absl::StrFormat("; EAGER since the limit (%d eager calls)", s.eager_calls));
+    if (s.eager) {
+      absl::StrAppend(&out, absl::StrFormat("; EAGER (%d eager calls; later calls under node %d)",
+                                            s.eager_calls, s.eager_node));
+    }
     absl::StrAppend(&out, "\n");
   }
   return out;

@@ -64,6 +64,7 @@ struct TreeDumpSite {
   bool eager = false;
   std::uint64_t eager_calls = 0;
   std::string eager_warning;
+  std::uint64_t eager_node = 0;  // the id later calls of a step after an eager call here have as parent
   std::size_t executables = 0;
   ExecCounters executable_counters;
 };

@@ -37,23 +37,29 @@ struct PathOutputRef {
   friend bool operator==(const PathOutputRef&, const PathOutputRef&) = default;
 };
 
-// How an output of a call relates to its inputs and its other outputs, fixed at recording.
+// How an output of a call relates to its inputs and its other outputs, fixed at recording. An alias
+// (kSameAsOutput, kInput) is the whole source or a view of it: `offset` bytes in, `buffer.bytes` long.
 struct OutputSpec {
   enum class Source : std::uint8_t {
-    kNew,           // a buffer the function allocated in the pool during the call
-    kSameAsOutput,  // the same buffer as output `from` of this call
-    kInput,         // input `from` returned as is (a static or managed input)
+    kNew,           // a buffer the function allocated during the call (in the pool, or eagerly outside it)
+    kSameAsOutput,  // output `from` of this call, or a view of it
+    kInput,         // input `from` (any role), or a view of it; a copied input's is the caller's buffer
     kEmpty,         // a null, zero-byte output
   };
   Source source = Source::kNew;
   std::uint32_t from = 0;
-  BufferView buffer;  // the recorded buffer (for kInput: the recorded input's)
+  std::size_t offset = 0;
+  BufferView buffer;  // the buffer the call returned (for kInput of a copied input: in the graph's copy)
 };
 
 struct CallSite;
 
 struct TreeNode {
   std::uint64_t id = 0;
+  // An eager node stands for the eager calls of a site past its fallback: no graph, no checkpoint of its
+  // own (the pool is its parent's: eager calls allocate outside it), but a place in the path, so later
+  // calls of the step become its children.
+  bool eager = false;
   FunctionId function = 0;
   TreeNode* parent = nullptr;
   CallSite* site = nullptr;
@@ -65,6 +71,9 @@ struct TreeNode {
   // Copied inputs: (input index, the graph's own buffer). The buffers are free in the pool after recording
   // (only the graph's launch reads them, right after the copy), so they cost no memory between calls.
   std::vector<std::pair<std::uint32_t, DevicePtr>> copies;
+  // The copies of declared mutated inputs (FunctionOptions::mutated_inputs): copied back into the
+  // caller's buffer right after every launch, on the launch stream.
+  std::vector<std::pair<std::uint32_t, DevicePtr>> write_backs;
   std::vector<OutputSpec> outputs;
 
   OwnedGraph graph;
@@ -103,12 +112,14 @@ struct CallSite {
   int failed_recordings = 0;
   bool eager = false;  // past the re-record limit: every call here runs eagerly
   std::uint64_t eager_calls = 0;
-  std::string eager_warning;  // the warning logged when it fell back
+  std::string eager_warning;             // the warning logged when it fell back
+  std::unique_ptr<TreeNode> eager_node;  // the path's node for the eager calls here (made with `eager`)
 };
 
 // One call of the current step.
 struct PathEntry {
-  TreeNode* node = nullptr;  // nullptr for a warmup call
+  TreeNode* node = nullptr;  // nullptr for a warmup call (or an eager one during a warmup step)
+  bool eager = false;        // an eager call: its outputs are the caller's, not the pool's
   FunctionId function = 0;
   // One weak reference per output (aliases share their state); liveness = not expired.
   std::vector<std::weak_ptr<OutputState>> outputs;

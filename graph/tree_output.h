@@ -59,11 +59,14 @@ enum class OutputKind {
 struct OutputState {
   OutputKind kind = OutputKind::kPool;
   BufferView buffer;
-  std::uint64_t step = 0;           // kPool: the step that produced it
-  bool recorded = false;            // kPool: produced by a recorded node, so its address is stable
-  std::uint32_t index = 0;          // which output of the call
+  std::uint64_t step = 0;   // kPool: the step that produced it
+  bool recorded = false;    // kPool: produced by a recorded node, so its address is stable
+  std::uint32_t index = 0;  // which output of the call
   std::shared_ptr<const OutputOrigin> origin;
   CachingAllocator* allocator = nullptr;  // kOwned: frees the buffer; every kind: Clone allocates from it
+  // A view of another output (an output aliasing part of an input or of another output): holding the base
+  // keeps it live, so liveness stays exact.
+  std::shared_ptr<OutputState> base;
 
   OutputState() = default;
   OutputState(const OutputState&) = delete;
@@ -77,6 +80,10 @@ struct OutputState {
     return kind != OutputKind::kPool || origin->epoch->step.load(std::memory_order_acquire) == step;
   }
 };
+
+// `base` itself when `view` is its whole buffer; otherwise a view of it: the same kind (kOwned becomes
+// kBorrowed: the base frees the buffer), step and origin, so the overwritten check reads the base's.
+std::shared_ptr<OutputState> MakeOutputView(const std::shared_ptr<OutputState>& base, BufferView view);
 
 // A handle to one output of a tree call. Cheap to copy (a shared pointer).
 class TreeOutput {

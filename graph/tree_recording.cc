@@ -6,12 +6,15 @@
 // outputs that were live in that checkpoint but have died since are freed, for the new work to reuse.
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "graph/graph_tree.h"
+#include "graph/input_mutation_check.h"
+#include "rng/draw_guard.h"
 #include "rng/generator.h"
 
 namespace graphalloc {
@@ -52,8 +55,8 @@ absl::Status GraphTree::PrepareRngReplay(const TreeNode& node, Stream stream) {
   const std::vector<Generator*>& generators = functions_[node.function].options.generators;
   for (std::size_t i = 0; i < node.rng.size(); ++i) {
     if (absl::Status s = generators[i]->PrepareReplay(node.rng[i], stream); !s.ok()) {
-      return Annotate(s,
-                      absl::StrFormat("graph tree: preparing generator %d for a launch of node %d", i, node.id));
+      return Annotate(
+          s, absl::StrFormat("graph tree: preparing generator %d for a launch of node %d", i, node.id));
     }
   }
   return absl::OkStatus();
@@ -69,6 +72,8 @@ absl::StatusOr<PoolCheckpoint> GraphTree::CheckpointPool() {
 }
 
 absl::Status GraphTree::PreparePoolFor(const TreeNode* parent) {
+  // Eager calls allocate outside the pool: after an eager node the pool is its nearest recorded ancestor's.
+  while (parent != nullptr && parent->eager) parent = parent->parent;
   if (!pool_layout_known_ || pool_layout_ != parent) {
     const PoolCheckpoint& target = parent != nullptr ? parent->checkpoint : empty_checkpoint_;
     absl::StatusOr<RestoreResult> restored = allocator_.Restore(pool_, target);
@@ -77,10 +82,10 @@ absl::Status GraphTree::PreparePoolFor(const TreeNode* parent) {
       restored = allocator_.Restore(pool_, target);
     }
     if (!restored.ok()) {
-      return Annotate(restored.status(), absl::StrFormat("graph tree: restoring the pool to %s failed",
-                                                         parent != nullptr
-                                                             ? absl::StrFormat("node %d's checkpoint", parent->id)
-                                                             : std::string("its empty layout")));
+      return Annotate(restored.status(),
+                      absl::StrFormat("graph tree: restoring the pool to %s failed",
+                                      parent != nullptr ? absl::StrFormat("node %d's checkpoint", parent->id)
+                                                        : std::string("its empty layout")));
     }
     ++counters_.checkpoint_restores;
     pool_layout_ = parent;
@@ -106,7 +111,8 @@ void GraphTree::FreeWarmupBlocks(bool all) {
       if (!all && !entry.outputs[block.first].expired()) return true;
       pool_layout_known_ = false;
       if (absl::Status s = allocator_.Free(block.second); !s.ok()) {
-        Log(TreeLogLevel::kWarning, absl::StrCat("graph tree: freeing a warmup output failed: ", s.message()));
+        Log(TreeLogLevel::kWarning,
+            absl::StrCat("graph tree: freeing a warmup output failed: ", s.message()));
       }
       return false;
     };
@@ -114,10 +120,19 @@ void GraphTree::FreeWarmupBlocks(bool all) {
   }
 }
 
-absl::StatusOr<std::vector<OutputSpec>> GraphTree::ClassifyOutputs(const Function& fn,
-                                                                   std::span<const CallInput> inputs,
-                                                                   std::span<const BufferView> seen,
-                                                                   std::span<const BufferView> produced) const {
+namespace {
+
+// Whether `inner` lies within `outer` (an empty output at `outer`'s address counts).
+bool Within(const BufferView& inner, const BufferView& outer) {
+  if (inner.ptr == outer.ptr) return inner.bytes <= outer.bytes;
+  return inner.ptr > outer.ptr && inner.ptr - outer.ptr < outer.bytes &&
+         inner.bytes <= outer.bytes - (inner.ptr - outer.ptr);
+}
+
+}  // namespace
+
+std::vector<OutputSpec> GraphTree::ClassifyOutputs(std::span<const BufferView> seen,
+                                                   std::span<const BufferView> produced) {
   std::vector<OutputSpec> specs(produced.size());
   for (std::size_t j = 0; j < produced.size(); ++j) {
     OutputSpec& spec = specs[j];
@@ -127,23 +142,18 @@ absl::StatusOr<std::vector<OutputSpec>> GraphTree::ClassifyOutputs(const Functio
       spec.buffer = BufferView{};
       continue;
     }
+    // An earlier output first (so two outputs of one buffer share it), then the inputs.
     for (std::size_t k = 0; k < j && spec.source == OutputSpec::Source::kNew; ++k) {
-      if (produced[k].ptr == produced[j].ptr) {
-        spec.source = OutputSpec::Source::kSameAsOutput;
-        spec.from = static_cast<std::uint32_t>(k);
-      }
+      if (specs[k].source == OutputSpec::Source::kEmpty || !Within(produced[j], produced[k])) continue;
+      spec.source = OutputSpec::Source::kSameAsOutput;
+      spec.from = static_cast<std::uint32_t>(k);
+      spec.offset = produced[j].ptr - produced[k].ptr;
     }
     for (std::size_t i = 0; i < seen.size() && spec.source == OutputSpec::Source::kNew; ++i) {
-      if (seen[i].ptr != produced[j].ptr) continue;
-      if (RoleOf(fn, i, inputs[i]) == InputRole::kCopied) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "output %d of '%s' is its input %d, a copied input: a graph reads copied inputs from its own "
-            "buffers, which the next call overwrites; return a new buffer (a copy of the input) instead, or "
-            "declare the input static",
-            j, fn.options.name, i));
-      }
+      if (seen[i].ptr == 0 || !Within(produced[j], seen[i])) continue;
       spec.source = OutputSpec::Source::kInput;
       spec.from = static_cast<std::uint32_t>(i);
+      spec.offset = produced[j].ptr - seen[i].ptr;
     }
   }
   return specs;
@@ -156,7 +166,8 @@ static absl::Status CheckOutputsInPool(std::string_view function, std::span<cons
   for (std::size_t j = 0; j < specs.size(); ++j) {
     if (specs[j].source != OutputSpec::Source::kNew || allocated.contains(specs[j].buffer.ptr)) continue;
     return absl::InvalidArgumentError(absl::StrFormat(
-        "output %d of '%s' (0x%x) is not a buffer the function allocated during the call (no allocation of the "
+        "output %d of '%s' (0x%x) is not a buffer the function allocated during the call (no allocation of "
+        "the "
         "tree's pool starts there); return buffers allocated with the tree's allocator during the call, or "
         "inputs returned as they are",
         j, function, specs[j].buffer.ptr));
@@ -165,37 +176,80 @@ static absl::Status CheckOutputsInPool(std::string_view function, std::span<cons
 }
 
 std::vector<TreeOutput> GraphTree::MakeOutputs(const Function& fn, std::span<const OutputSpec> specs,
-                                               std::span<const CallInput> inputs, bool recorded,
-                                               PathEntry& entry) {
+                                               std::span<const CallInput> inputs, OutputKind new_kind,
+                                               bool recorded, PathEntry& entry) {
   const std::uint64_t now = step();
   std::vector<TreeOutput> outputs(specs.size());
   entry.outputs.resize(specs.size());
   for (std::size_t j = 0; j < specs.size(); ++j) {
     const OutputSpec& spec = specs[j];
     std::shared_ptr<OutputState> state;
+    // An alias is the caller's buffer at the recorded offset (for a copied input, the caller's buffer,
+    // not the graph's copy); it shares the state of the output it aliases, or is a view that holds it.
+    BufferView alias;
+    const std::shared_ptr<OutputState>* aliased = nullptr;
     if (spec.source == OutputSpec::Source::kSameAsOutput) {
-      state = outputs[spec.from].state();
-    } else if (spec.source == OutputSpec::Source::kInput && inputs[spec.from].handle() != nullptr) {
-      state = *inputs[spec.from].handle();  // an earlier output returned as is: the same output
+      aliased = &outputs[spec.from].state();
+      alias = BufferView{(*aliased)->buffer.ptr + spec.offset, spec.buffer.bytes};
+    } else if (spec.source == OutputSpec::Source::kInput) {
+      aliased = inputs[spec.from].handle();
+      alias = BufferView{inputs[spec.from].view().ptr + spec.offset, spec.buffer.bytes};
+    }
+    if (aliased != nullptr && *aliased != nullptr) {
+      state = MakeOutputView(*aliased, alias);
     } else {
       state = std::make_shared<OutputState>();
       state->index = static_cast<std::uint32_t>(j);
       state->origin = fn.origin;
       state->allocator = &allocator_;
       if (spec.source == OutputSpec::Source::kNew) {
-        state->kind = OutputKind::kPool;
+        state->kind = new_kind;
         state->buffer = spec.buffer;
         state->step = now;
         state->recorded = recorded;
       } else {
         state->kind = OutputKind::kBorrowed;
-        if (spec.source == OutputSpec::Source::kInput) state->buffer = inputs[spec.from].view();
+        state->buffer = alias;
       }
     }
     entry.outputs[j] = state;
     outputs[j] = TreeOutput(std::move(state));
   }
   return outputs;
+}
+
+bool GraphTree::ChecksForMutation(const Function& fn, std::size_t i, const CallInput& input) const {
+  if (!options_.check_input_mutation || input.view().bytes == 0) return false;
+  if ((i < fn.is_static.size() && fn.is_static[i]) || (i < fn.is_mutated.size() && fn.is_mutated[i]))
+    return false;
+  // An output of this tree's pool is read in place by a recording (a managed input): a write lands where
+  // the caller sees it.
+  const OutputState* out = input.output();
+  return out == nullptr || out->kind != OutputKind::kPool || out->origin->tree != this;
+}
+
+absl::Status GraphTree::CheckWarmupMutation(Function& fn, InputMutationCheck& check) {
+  if (absl::Status s = driver_.StreamSynchronize(stream_); !s.ok()) return s;
+  absl::StatusOr<std::optional<std::size_t>> changed = check.FirstChanged();
+  if (!changed.ok()) return changed.status();
+  if (!changed->has_value()) return absl::OkStatus();
+  fn.runs_eagerly = true;
+  fn.eager_warning = absl::StrFormat(
+      "graph tree: function '%s' wrote its input %d, a copied input it did not declare in "
+      "FunctionOptions::mutated_inputs (found by comparing the input before and after a warmup call); a "
+      "recording would write the graph's private copy and the caller's buffer would stop changing, so it "
+      "runs eagerly from now on. Declare the input in mutated_inputs (or make it static) to record it",
+      fn.options.name, **changed);
+  Log(TreeLogLevel::kWarning, fn.eager_warning);
+  return absl::OkStatus();
+}
+
+absl::Status GraphTree::WriteBack(const TreeNode& node, std::span<const CallInput> inputs, Stream stream) {
+  for (const auto& [index, buffer] : node.write_backs) {
+    const BufferView& dst = inputs[index].view();
+    if (absl::Status s = driver_.CopyAsync(dst.ptr, buffer, dst.bytes, stream); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::span<const CallInput> inputs,
@@ -209,23 +263,38 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::sp
   if (absl::Status s = JoinTreeToCaller(stream); !s.ok()) return s;
   scratch_views_.resize(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) scratch_views_[i] = inputs[i].view();
+  InputMutationCheck mutation_check(driver_);
+  bool check_mutation = false;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!ChecksForMutation(fn, i, inputs[i])) continue;
+    if (!check_mutation) {
+      if (absl::Status s = driver_.StreamSynchronize(stream); !s.ok()) return s;
+      check_mutation = true;
+    }
+    if (absl::Status s = mutation_check.Before(i, inputs[i].view()); !s.ok()) return s;
+  }
 
-  absl::StatusOr<PoolRoute> route = allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForCallingThread());
+  absl::StatusOr<PoolRoute> route =
+      allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForCallingThread());
   if (!route.ok()) return route.status();
   pool_layout_known_ = false;  // the function allocates in the pool from here on
   absl::StatusOr<std::vector<BufferView>> produced = fn.body(scratch_views_, stream_);
   const absl::Status ended = route->End();
   if (!produced.ok()) {
-    return Annotate(produced.status(), absl::StrFormat("graph tree: warmup call of '%s' failed", fn.options.name));
+    return Annotate(produced.status(),
+                    absl::StrFormat("graph tree: warmup call of '%s' failed", fn.options.name));
   }
   if (!ended.ok()) return ended;
-  absl::StatusOr<std::vector<OutputSpec>> specs = ClassifyOutputs(fn, inputs, scratch_views_, *produced);
-  absl::Status valid = specs.status();
-  if (valid.ok()) {
+  const std::vector<OutputSpec> specs_now = ClassifyOutputs(scratch_views_, *produced);
+  const std::vector<OutputSpec>* specs = &specs_now;
+  absl::Status valid = absl::OkStatus();
+  {
     absl::StatusOr<PoolCheckpoint> layout = CheckpointPool();
-    valid = layout.ok() ? CheckOutputsInPool(fn.options.name, *specs, AllocatedBlocks(*layout)) : layout.status();
+    valid =
+        layout.ok() ? CheckOutputsInPool(fn.options.name, *specs, AllocatedBlocks(*layout)) : layout.status();
   }
   if (absl::Status s = JoinCallerToTree(stream); !s.ok() && valid.ok()) valid = s;
+  if (valid.ok() && check_mutation) valid = CheckWarmupMutation(fn, mutation_check);
   if (!valid.ok()) return valid;  // what it allocated stays in the pool until the next restore frees it
 
   ++fn.warmup_runs;
@@ -233,7 +302,8 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::sp
   in_warmup_ = true;
   PathEntry& entry = path_.emplace_back();
   entry.function = id;
-  std::vector<TreeOutput> outputs = MakeOutputs(fn, *specs, inputs, /*recorded=*/false, entry);
+  std::vector<TreeOutput> outputs =
+      MakeOutputs(fn, *specs, inputs, OutputKind::kPool, /*recorded=*/false, entry);
   for (std::size_t j = 0; j < specs->size(); ++j) {
     if ((*specs)[j].source == OutputSpec::Source::kNew) {
       entry.warmup_blocks.emplace_back(static_cast<std::uint32_t>(j), (*specs)[j].buffer.ptr);
@@ -272,7 +342,8 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
     // Restoring may unmap memory that queued copies still write: let them finish first.
     absl::Status cleanup = driver_.StreamSynchronize(stream_);
     if (cleanup.ok()) cleanup = PreparePoolFor(parent);
-    if (!cleanup.ok()) absl::StrAppend(&message, " (and putting the pool back failed: ", cleanup.message(), ")");
+    if (!cleanup.ok())
+      absl::StrAppend(&message, " (and putting the pool back failed: ", cleanup.message(), ")");
     return absl::Status(error.code(), message);
   };
 
@@ -280,7 +351,8 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
   scratch_views_.resize(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) scratch_views_[i] = inputs[i].view();
   {
-    absl::StatusOr<PoolRoute> route = allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForStream(stream_));
+    absl::StatusOr<PoolRoute> route =
+        allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForStream(stream_));
     if (!route.ok()) return fail(route.status());
     pool_layout_known_ = false;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -289,6 +361,8 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
       absl::StatusOr<DevicePtr> buffer = allocator_.Allocate(src.bytes, stream_);
       if (!buffer.ok()) return fail(buffer.status());
       node->copies.emplace_back(static_cast<std::uint32_t>(i), *buffer);
+      if (i < fn.is_mutated.size() && fn.is_mutated[i])
+        node->write_backs.emplace_back(static_cast<std::uint32_t>(i), *buffer);
       if (absl::Status s = driver_.CopyAsync(*buffer, src.ptr, src.bytes, stream_); !s.ok()) return fail(s);
       scratch_views_[i] = BufferView{*buffer, src.bytes};
     }
@@ -313,6 +387,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
   absl::StatusOr<OwnedGraph> graph = CaptureIntoPool(
       allocator_, pool_, stream_,
       [&](Stream s) -> absl::Status {
+        const DrawGuard unregistered_draws(fn.options.name);
         absl::StatusOr<std::vector<BufferView>> out = fn.body(scratch_views_, s);
         if (!out.ok()) return out.status();
         produced = std::move(*out);
@@ -332,9 +407,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
     node->rng.push_back(std::move(*captured));
   }
   node->graph = std::move(*graph);
-  absl::StatusOr<std::vector<OutputSpec>> specs = ClassifyOutputs(fn, inputs, scratch_views_, produced);
-  if (!specs.ok()) return fail(specs.status());
-  node->outputs = std::move(*specs);
+  node->outputs = ClassifyOutputs(scratch_views_, produced);
 
   // The copy buffers are dead once the launch that follows each copy has read them: free, so the pool can
   // lend them to later calls of the step (the next copy into them comes with this node's next replay).
@@ -352,6 +425,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
   if (absl::Status s = PrepareRngReplay(*node, stream_); !s.ok()) return fail(s);
   if (absl::Status s = driver_.GraphLaunch(*exec, stream_); !s.ok()) return fail(s);
   launched_ = true;
+  if (absl::Status s = WriteBack(*node, inputs, stream_); !s.ok()) return fail(s);
   if (absl::Status s = JoinCallerToTree(stream); !s.ok()) return fail(s);
 
   // Liveness: what this recording may overwrite (the dead outputs of the path) and what its checkpoint
@@ -359,7 +433,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
   for (std::uint32_t d = 0; d < path_.size(); ++d) {
     const PathEntry& e = path_[d];
     for (std::uint32_t i = 0; i < e.outputs.size(); ++i) {
-      if (e.node == nullptr || e.node->outputs[i].source != OutputSpec::Source::kNew) continue;
+      if (e.node == nullptr || e.eager || e.node->outputs[i].source != OutputSpec::Source::kNew) continue;
       (e.outputs[i].expired() ? node->expected_dead : node->live_after).push_back(PathOutputRef{d, i});
     }
   }
@@ -380,9 +454,9 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
     ++site.rerecords;
     ++site.reasons[static_cast<int>(why.reason)];
   }
-  Log(TreeLogLevel::kInfo, absl::StrFormat("graph tree: recorded '%s' as node %d (%s)", fn.options.name, node->id,
-                                           why.reason == RerecordReason::kFirst ? "first recording"
-                                                                                : node->reason_detail));
+  Log(TreeLogLevel::kInfo,
+      absl::StrFormat("graph tree: recorded '%s' as node %d (%s)", fn.options.name, node->id,
+                      why.reason == RerecordReason::kFirst ? "first recording" : node->reason_detail));
   pool_layout_ = node.get();
   pool_layout_known_ = true;
   TreeNode& added = *node;

@@ -2,10 +2,12 @@
 
 #include <atomic>
 #include <cstdio>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "rng/draw_guard.h"
 #include "rng/random_ops.h"
 
 namespace graphalloc {
@@ -149,6 +151,16 @@ absl::StatusOr<PhiloxArgs> Generator::Reserve(std::uint64_t increment) {
     return absl::OutOfRangeError(absl::StrFormat("Generator::Reserve(%d): increment overflows", increment));
   }
   MutexLock lock(&mu_);
+  if (const std::string_view* recording = DrawGuard::Active();
+      recording != nullptr && !capture_.has_value()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Generator::Reserve(%d): generator %d was drawn from while graph-tree function '%s' was being "
+        "recorded, "
+        "but it is not in that function's FunctionOptions::generators: the graph would bake in its current "
+        "(seed, offset) and every replay would draw the same numbers; list the generator in "
+        "FunctionOptions::generators",
+        increment, id_, *recording));
+  }
   std::uint64_t& offset = capture_.has_value() ? capture_->intragraph_offset : offset_;
   if (offset + rounded < offset) {
     return absl::OutOfRangeError(absl::StrFormat(

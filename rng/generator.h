@@ -114,7 +114,9 @@ class Generator {
   // FailedPrecondition / InvalidArgument.
   absl::Status RestoreState(const GeneratorState& state);
 
-  // Reserves `increment` words per thread (rounded up to a multiple of 4) for one kernel.
+  // Reserves `increment` words per thread (rounded up to a multiple of 4) for one kernel. Outside capture
+  // mode while a graph is being recorded on this thread (rng/draw_guard.h): FailedPrecondition, nothing
+  // reserved.
   absl::StatusOr<PhiloxArgs> Reserve(std::uint64_t increment);
 
   // Graph capture protocol (see the top of this file). `capture_id` is the caller's non-zero id of the

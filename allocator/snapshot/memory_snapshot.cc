@@ -63,6 +63,13 @@ std::uint64_t SegmentSnapshot::ReservedBytes() const {
   return bytes;
 }
 
+const HistoryEvent* LastAction(const MemorySnapshot& snapshot) {
+  for (auto it = snapshot.history.rbegin(); it != snapshot.history.rend(); ++it) {
+    if (it->action != HistoryAction::kSnapshot) return &*it;
+  }
+  return nullptr;
+}
+
 absl::Status ValidateSnapshot(const MemorySnapshot& snapshot) {
   auto error = [](const std::string& path, absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));

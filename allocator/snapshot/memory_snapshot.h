@@ -141,7 +141,9 @@ struct MemorySnapshot {
   DeviceStats stats;
   std::vector<SegmentSnapshot> segments;  // sorted by address
   std::vector<PoolSnapshot> pools;
-  std::vector<HistoryEvent> history;    // oldest first
+  // Oldest first. A snapshot graphalloc takes ends with its own `snapshot` event (as PyTorch's do; its
+  // size is the active bytes then): the real last action is the event before it (LastAction()).
+  std::vector<HistoryEvent> history;
   bool history_overflowed = false;      // older events were dropped from the ring
   std::size_t history_max_entries = 0;  // the ring's capacity (0: history was not recorded)
   friend bool operator==(const MemorySnapshot&, const MemorySnapshot&) = default;
@@ -153,6 +155,10 @@ struct MemorySnapshot {
 // blocks of an expandable segment inside accessible mapped ranges; requested_size <= size. InvalidArgument
 // naming the first violation by path ("segments[3].blocks[7].address: ...").
 absl::Status ValidateSnapshot(const MemorySnapshot& snapshot);
+
+// The newest history event that is not a `snapshot` event (the allocator's last action before the
+// snapshot was taken), or nullptr when there is none.
+const HistoryEvent* LastAction(const MemorySnapshot& snapshot);
 
 // Totals computed from the segments and blocks.
 struct SnapshotTotals {

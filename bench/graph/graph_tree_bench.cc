@@ -1,8 +1,8 @@
 // Graph tree benchmarks (Google Benchmark; --benchmark_format=json or --benchmark_out=FILE for JSON), on
 // the simulated device and, when there is one, the GPU. The workload is a function of 100 tiny kernels
 // (a scale, then 99 adds) over 16 static inputs of 256 floats, returning one output:
-//   graph_tree/replay_host/<dev>/kernels:N   host time of GraphTree::Call replaying it (outputs dropped inside)
-//   graph_tree/raw_launch_host/<dev>   host time of one GraphLaunch of the same captured graph
+//   graph_tree/replay_host/<dev>/kernels:N   host time of GraphTree::Call replaying it (outputs dropped
+//   inside) graph_tree/raw_launch_host/<dev>   host time of one GraphLaunch of the same captured graph
 //   graph_tree/eager_host/<dev>        host time of running the function eagerly (100 launches, alloc, free)
 //   graph_tree/{replay,raw_launch,eager}_wall/<dev>   the same, synchronized every call (real time)
 //   graph_tree/rerecord_{update,instantiate}/<dev>   a call whose static input moved: capture, checkpoint,
@@ -10,6 +10,10 @@
 //                                      instantiation (update_executables_first off)
 //   graph_tree/driver_{update,instantiate}/<dev>     the driver calls alone: GraphExecUpdate vs
 //                                      GraphInstantiate + GraphExecDestroy of the 100-node graph
+//   graph_tree/capture/<dev>           the capture of the workload into a pool alone, which every
+//                                      re-record pays in both modes: a re-record's update-vs-instantiate
+//                                      speedup is (capture + update) / (capture + instantiate + the new
+//                                      executable's first launch), so it shrinks as the capture grows
 // Host-time benchmarks use manual timing around the measured call and synchronize every 32 calls outside
 // it, so the launch queue never fills. The tree's added host time per call is replay_host - raw_launch_host
 // (the target is under 1 us with 16 inputs); the speedup is eager_wall / replay_wall.
@@ -127,7 +131,8 @@ void TreeReplay(benchmark::State& state, BenchDevice* dev, bool wall) {
   std::string error = w.error();
   std::unique_ptr<GraphTree> tree = error.empty() ? MakeBenchTree(*dev, true, &error) : nullptr;
   absl::StatusOr<FunctionId> f = absl::InternalError(error);
-  if (tree != nullptr) f = tree->Register(w.Body(), FunctionOptions{.name = "bench", .static_inputs = AllStatic()});
+  if (tree != nullptr)
+    f = tree->Register(w.Body(), FunctionOptions{.name = "bench", .static_inputs = AllStatic()});
   if (!f.ok()) {
     state.SkipWithError(f.status().ToString().c_str());
     return;
@@ -161,6 +166,18 @@ void TreeReplay(benchmark::State& state, BenchDevice* dev, bool wall) {
   state.counters["recordings"] = static_cast<double>(tree->Dump().counters.recordings);
 }
 
+// Captures `body` on `inputs` into `pool`; `outputs` gets what it returned (the caller frees them).
+absl::StatusOr<OwnedGraph> CaptureWorkload(BenchDevice& dev, const PrivatePool& pool,
+                                           const TreeFunction& body, const std::vector<BufferView>& inputs,
+                                           std::vector<BufferView>* outputs) {
+  return CaptureIntoPool(*dev.allocator, pool, dev.stream, [&](Stream s) {
+    absl::StatusOr<std::vector<BufferView>> out = body(inputs, s);
+    if (!out.ok()) return out.status();
+    *outputs = std::move(*out);
+    return absl::OkStatus();
+  });
+}
+
 // GraphLaunch of the workload captured once (what the tree replays, without the tree).
 void RawLaunch(benchmark::State& state, BenchDevice* dev, bool wall) {
   Workload w(*dev, static_cast<int>(state.range(0)));
@@ -172,12 +189,7 @@ void RawLaunch(benchmark::State& state, BenchDevice* dev, bool wall) {
   const TreeFunction body = w.Body();
   const std::vector<BufferView> inputs = w.Inputs();
   std::vector<BufferView> outputs;
-  absl::StatusOr<OwnedGraph> graph = CaptureIntoPool(*dev->allocator, *pool, dev->stream, [&](Stream s) {
-    absl::StatusOr<std::vector<BufferView>> out = body(inputs, s);
-    if (!out.ok()) return out.status();
-    outputs = std::move(*out);
-    return absl::OkStatus();
-  });
+  absl::StatusOr<OwnedGraph> graph = CaptureWorkload(*dev, *pool, body, inputs, &outputs);
   absl::StatusOr<OwnedGraphExec> exec =
       graph.ok() ? Instantiate(*dev->driver, *graph) : absl::StatusOr<OwnedGraphExec>(graph.status());
   absl::StatusOr<GraphPin> pin = dev->allocator->PinForGraph(*pool);
@@ -235,13 +247,15 @@ void Rerecord(benchmark::State& state, BenchDevice* dev, bool update) {
   std::unique_ptr<GraphTree> tree = error.empty() ? MakeBenchTree(*dev, update, &error) : nullptr;
   absl::StatusOr<FunctionId> f = absl::InternalError(error);
   if (tree != nullptr) {
-    f = tree->Register(w.Body(), FunctionOptions{.name = "bench", .static_inputs = AllStatic(), .warmup_calls = 0});
+    f = tree->Register(w.Body(),
+                       FunctionOptions{.name = "bench", .static_inputs = AllStatic(), .warmup_calls = 0});
   }
   if (!f.ok()) {
     state.SkipWithError(f.status().ToString().c_str());
     return;
   }
-  if (absl::StatusOr<std::vector<TreeOutput>> out = tree->Call(*f, AsCallInputs(w.Inputs()), dev->stream); !out.ok()) {
+  if (absl::StatusOr<std::vector<TreeOutput>> out = tree->Call(*f, AsCallInputs(w.Inputs()), dev->stream);
+      !out.ok()) {
     state.SkipWithError(out.status().ToString().c_str());
     return;
   }
@@ -261,7 +275,8 @@ void Rerecord(benchmark::State& state, BenchDevice* dev, bool update) {
   state.counters["recordings"] = static_cast<double>(d.counters.recordings);
   if (!d.sites.empty()) {
     state.counters["exec_updates"] = static_cast<double>(d.sites[0].executable_counters.updates);
-    state.counters["exec_instantiations"] = static_cast<double>(d.sites[0].executable_counters.instantiations);
+    state.counters["exec_instantiations"] =
+        static_cast<double>(d.sites[0].executable_counters.instantiations);
   }
 }
 
@@ -322,6 +337,32 @@ void DriverUpdate(benchmark::State& state, BenchDevice* dev, bool update) {
   state.counters["graph_nodes"] = kKernels;
 }
 
+// The part of a re-record that does not depend on the executable policy: capturing the workload into a
+// pool (the tree adds a checkpoint and the launch).
+void Capture(benchmark::State& state, BenchDevice* dev, bool /*unused*/) {
+  Workload w(*dev);
+  absl::StatusOr<PrivatePool> pool = dev->allocator->CreatePool();
+  if (!w.error().empty() || !pool.ok()) {
+    state.SkipWithError(w.error().empty() ? pool.status().ToString().c_str() : w.error().c_str());
+    return;
+  }
+  const TreeFunction body = w.Body();
+  const std::vector<BufferView> inputs = w.Inputs();
+  std::vector<BufferView> outputs;
+  for (auto _ : state) {
+    const Clock::time_point t0 = Clock::now();
+    absl::StatusOr<OwnedGraph> g = CaptureWorkload(*dev, *pool, body, inputs, &outputs);
+    state.SetIterationTime(Seconds(Clock::now() - t0));
+    if (!g.ok()) [[unlikely]] {
+      state.SkipWithError(g.status().ToString().c_str());
+      break;
+    }
+    g->Reset();
+    for (const BufferView& b : outputs) (void)dev->allocator->Free(b.ptr);
+  }
+  state.counters["graph_nodes"] = kKernels;
+}
+
 void Register(BenchDevice& dev) {
   const std::string d = dev.kind;
   // Replay, raw launch and eager run with the 100-kernel workload and with 1 kernel (which leaves the
@@ -342,14 +383,15 @@ void Register(BenchDevice& dev) {
   add("eager_wall", Eager, true, true);
   for (const bool update : {true, false}) {
     benchmark::RegisterBenchmark(
-        absl::StrCat("graph_tree/rerecord_", update ? "update" : "instantiate", "/", d).c_str(), Rerecord, &dev,
-        update)
+        absl::StrCat("graph_tree/rerecord_", update ? "update" : "instantiate", "/", d).c_str(), Rerecord,
+        &dev, update)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond)
         ->Iterations(kRerecords);
   }
   add("driver_update", DriverUpdate, true, false);
   add("driver_instantiate", DriverUpdate, false, false);
+  add("capture", Capture, false, false);
 }
 
 }  // namespace
@@ -357,7 +399,8 @@ void Register(BenchDevice& dev) {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  std::vector<std::unique_ptr<graphalloc::bench::BenchDevice>> devices = graphalloc::bench::MakeBenchDevices();
+  std::vector<std::unique_ptr<graphalloc::bench::BenchDevice>> devices =
+      graphalloc::bench::MakeBenchDevices();
   for (auto& device : devices) graphalloc::bench::Register(*device);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

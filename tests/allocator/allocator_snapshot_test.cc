@@ -1,6 +1,9 @@
 // TakeSnapshot() and the allocation history, against a known allocator state.
+#include <algorithm>
+
 #include "allocator/caching_allocator.h"
 #include "allocator/snapshot/snapshot_json.h"
+#include "allocator/snapshot/torch_snapshot.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
@@ -115,6 +118,72 @@ TEST_F(AllocatorSnapshotTest, StacksAreRecordedOnlyWhenAskedAndAttachedToLiveBlo
   EXPECT_EQ(live.address, a);
   EXPECT_FALSE(live.frames.empty());
   FreeOk(a);
+}
+
+TEST_F(AllocatorSnapshotTest, SegmentFramesAreFilledWhenStacksAreRecorded) {
+  GRAPHALLOC_ALLOCATOR_SETUP(
+      *Config::Parse("record_history:True,history_stacks:True,expandable_segments:False"));
+  DevicePtr a = Alloc(4096);
+  MemorySnapshot s = allocator_->TakeSnapshot();
+  ASSERT_EQ(s.segments.size(), 1u);
+  const auto segment_alloc = std::find_if(s.history.begin(), s.history.end(), [](const HistoryEvent& e) {
+    return e.action == HistoryAction::kSegmentAlloc;
+  });
+  ASSERT_NE(segment_alloc, s.history.end());
+  EXPECT_EQ(segment_alloc->address, s.segments[0].address);
+  EXPECT_FALSE(s.segments[0].frames.empty());
+  EXPECT_EQ(s.segments[0].frames, segment_alloc->frames);
+  FreeOk(a);
+}
+
+TEST_F(AllocatorSnapshotTest, ExpandableSegmentFramesAreThoseOfItsFirstMapping) {
+  GRAPHALLOC_ALLOCATOR_SETUP(*Config::Parse("record_history:True,history_stacks:True"));
+  DevicePtr a = Alloc(4096);
+  MemorySnapshot s = allocator_->TakeSnapshot();
+  ASSERT_EQ(s.segments.size(), 1u);
+  ASSERT_TRUE(s.segments[0].expandable);
+  const auto mapped = std::find_if(s.history.begin(), s.history.end(), [](const HistoryEvent& e) {
+    return e.action == HistoryAction::kSegmentMap;
+  });
+  ASSERT_NE(mapped, s.history.end());
+  EXPECT_FALSE(s.segments[0].frames.empty());
+  EXPECT_EQ(s.segments[0].frames, mapped->frames);
+  FreeOk(a);
+}
+
+TEST_F(AllocatorSnapshotTest, AllocAndFreeEventsRecordTheRequestedSizeAsPyTorchDoes) {
+  GRAPHALLOC_ALLOCATOR_SETUP(*Config::Parse("record_history:True,expandable_segments:False"));
+  DevicePtr a = Alloc(1000);  // a 1024-byte block
+  FreeOk(a);
+  MemorySnapshot s = allocator_->TakeSnapshot();
+  EXPECT_THAT(Actions(s), ::testing::ElementsAre(HistoryAction::kSegmentAlloc, HistoryAction::kAlloc,
+                                                 HistoryAction::kFreeRequested, HistoryAction::kFreeCompleted,
+                                                 HistoryAction::kSnapshot));
+  for (std::size_t i = 1; i <= 3; ++i) {
+    EXPECT_EQ(s.history[i].address, a);
+    EXPECT_EQ(s.history[i].size, 1000u) << HistoryActionName(s.history[i].action);
+  }
+  // The same sizes go into PyTorch's pickle (its trace entries carry the requested size).
+  absl::StatusOr<MemorySnapshot> back = SnapshotFromTorchPickle(SnapshotToTorchPickle(s), "test");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->history.size(), s.history.size());
+  EXPECT_EQ(back->history[1].size, 1000u);
+}
+
+TEST_F(AllocatorSnapshotTest, SnapshotEventIsLastWithTheActiveBytesAndLastActionIsTheEventBeforeIt) {
+  GRAPHALLOC_ALLOCATOR_SETUP(*Config::Parse("record_history:True,expandable_segments:False"));
+  DevicePtr a = Alloc(1000);
+  DevicePtr b = Alloc(3000);
+  FreeOk(a);
+  MemorySnapshot s = allocator_->TakeSnapshot();
+  ASSERT_GE(s.history.size(), 2u);
+  EXPECT_EQ(s.history.back().action, HistoryAction::kSnapshot);
+  EXPECT_EQ(s.history.back().size, 3072u);  // active bytes when taken, as PyTorch records it
+  const HistoryEvent* last = LastAction(s);
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->action, HistoryAction::kFreeCompleted);
+  EXPECT_EQ(last->address, a);
+  FreeOk(b);
 }
 
 TEST_F(AllocatorSnapshotTest, OutOfMemoryIsRecordedWithTheRequestedSize) {

@@ -6,8 +6,10 @@
 #define GRAPHALLOC_TESTS_GRAPH_GRAPH_TEST_UTIL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/graph_tree.h"
@@ -17,10 +19,9 @@
 #include "tests/testing/status_macros.h"
 
 // For the tree functions below, which return absl::StatusOr.
-#define GA_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    if (absl::Status ga_s_ = (expr); !ga_s_.ok()) \
-      return ga_s_;                               \
+#define GA_RETURN_IF_ERROR(expr)                                \
+  do {                                                          \
+    if (absl::Status ga_s_ = (expr); !ga_s_.ok()) return ga_s_; \
   } while (false)
 #define GA_ASSIGN_OR_RETURN(lhs, expr) GA_ASSIGN_OR_RETURN_IMPL(GA_CAT(ga_r_, __LINE__), lhs, expr)
 #define GA_ASSIGN_OR_RETURN_IMPL(var, lhs, expr) \
@@ -108,20 +109,55 @@ class GraphFixture : public AllocatorFixture {
 
   // (x, w) -> alpha * x + w.
   TreeFunction Affine(float alpha) {
-    return [this, alpha](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
-      const std::size_t n = in[0].bytes / sizeof(float);
-      GA_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
-      GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
-      GA_RETURN_IF_ERROR(ScaleF32(*driver_, s, tmp, in[0].ptr, n, alpha));
-      GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, tmp, in[1].ptr, n));
-      GA_RETURN_IF_ERROR(allocator_->Free(tmp));
-      return std::vector<BufferView>{{y, in[0].bytes}};
-    };
+    return
+        [this, alpha](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
+          const std::size_t n = in[0].bytes / sizeof(float);
+          GA_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
+          GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
+          GA_RETURN_IF_ERROR(ScaleF32(*driver_, s, tmp, in[0].ptr, n, alpha));
+          GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, tmp, in[1].ptr, n));
+          GA_RETURN_IF_ERROR(allocator_->Free(tmp));
+          return std::vector<BufferView>{{y, in[0].bytes}};
+        };
   }
   std::vector<std::string> warnings_;
   std::vector<std::string> log_;
   Stream caller_ = kDefaultStream;
   std::vector<DevicePtr> owned_;
+};
+
+// A fixture with one tree (made with CapturingOptions) and helpers to register functions and find sites.
+class TreeTest : public GraphFixture {
+ protected:
+  void SetUp() override {
+    GraphFixture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    tree_ = MakeTree();
+    ASSERT_NE(tree_, nullptr);
+  }
+  void TearDown() override {
+    tree_.reset();
+    GraphFixture::TearDown();
+  }
+
+  FunctionId Register(TreeFunction f, std::string name, std::vector<std::size_t> static_inputs = {},
+                      int warmup_calls = 1) {
+    return RegisterWith(std::move(f), FunctionOptions{.name = std::move(name),
+                                                      .static_inputs = std::move(static_inputs),
+                                                      .warmup_calls = warmup_calls});
+  }
+  FunctionId RegisterWith(TreeFunction f, FunctionOptions options) {
+    absl::StatusOr<FunctionId> id = tree_->Register(std::move(f), std::move(options));
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : 0;
+  }
+  const TreeDumpSite* Site(const TreeDump& d, std::uint64_t parent, FunctionId f) {
+    const TreeDumpSite* s = d.FindSite(parent, f);
+    EXPECT_NE(s, nullptr) << FormatTreeDump(d);
+    return s;
+  }
+
+  std::unique_ptr<GraphTree> tree_;
 };
 
 // Host reference of Affine: alpha * x + w, one rounding per operation.
@@ -137,7 +173,8 @@ inline std::vector<float> AffineRef(float alpha, const std::vector<float>& x, co
 // Values that differ per buffer (`seed`) and per element, exact in float.
 inline std::vector<float> Values(int seed, std::size_t n = kN) {
   std::vector<float> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>((seed * 131 + static_cast<int>(i) * 7) % 1000) / 8.0f;
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>((seed * 131 + static_cast<int>(i) * 7) % 1000) / 8.0f;
   return v;
 }
 

@@ -4,8 +4,10 @@
 // functions sharing one generator. Runs on the simulated device and, as *_gpu, on the GPU.
 #include <cstdint>
 #include <iostream>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "graph/graph_tree.h"
 #include "rng/generator.h"
 #include "rng/random_ops.h"
@@ -18,19 +20,8 @@ using Outputs = std::vector<TreeOutput>;
 
 constexpr float kDropP = 0.3f;
 
-class TreeRngTest : public GraphFixture {
+class TreeRngTest : public TreeTest {
  protected:
-  void SetUp() override {
-    GraphFixture::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    tree_ = MakeTree();
-    ASSERT_NE(tree_, nullptr);
-  }
-  void TearDown() override {
-    tree_.reset();
-    GraphFixture::TearDown();
-  }
-
   // (x) -> (dropout(x), uniform noise): two reservations from `gen` per call.
   TreeFunction Noisy(Generator& gen) {
     return [this, &gen](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
@@ -83,7 +74,6 @@ class TreeRngTest : public GraphFixture {
     return values;
   }
 
-  std::unique_ptr<GraphTree> tree_;
   bool fail_next_ = false;
 };
 
@@ -184,6 +174,33 @@ TEST_F(TreeRngTest, AFailedRecordingLeavesTheGeneratorOutOfCaptureAndItsOffsetUn
     EXPECT_EQ(Read(out[0]), want[0]) << "call " << call;
     EXPECT_EQ(Read(out[1]), want[1]) << "call " << call;
   }
+}
+
+TEST_F(TreeRngTest, DrawingFromAGeneratorNotRegisteredWithTheRecordingIsAnErrorNamingBoth) {
+  Generator unlisted(driver_, kSeed + 4);
+  Generator eager(driver_, kSeed + 4);
+  absl::StatusOr<FunctionId> f =
+      tree_->Register(NormalPlus(unlisted), FunctionOptions{.name = "sneaky", .static_inputs = {1}});
+  ASSERT_TRUE(f.ok()) << f.status();
+  const BufferView x = Upload(Values(8));
+  const BufferView w = Upload(Values(9));
+  // The warmup is eager: it draws what an eager call draws.
+  const std::vector<std::vector<float>> want = RunEagerly(NormalPlus(eager), {x, w});
+  ASSERT_OK_AND_ASSIGN(Outputs warm, tree_->Call(*f, {x, w}, caller_));
+  EXPECT_EQ(Read(warm[0]), want[0]);
+  // The recording would bake the generator's (seed, offset) into the graph: refused, nothing drawn.
+  const std::uint64_t before = unlisted.host_offset();
+  const absl::StatusOr<Outputs> recorded = tree_->Call(*f, {x, w}, caller_);
+  ASSERT_FALSE(recorded.ok());
+  EXPECT_EQ(recorded.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(recorded.status().message());
+  EXPECT_NE(message.find(absl::StrFormat("generator %d", unlisted.id())), std::string::npos) << message;
+  EXPECT_NE(message.find("'sneaky'"), std::string::npos) << message;
+  EXPECT_NE(message.find("FunctionOptions::generators"), std::string::npos) << message;
+  EXPECT_EQ(unlisted.host_offset(), before);
+  EXPECT_EQ(tree_->Dump().counters.recordings, 0u);
+  // Outside captures the generator draws as before.
+  EXPECT_TRUE(unlisted.Reserve(4).ok());
 }
 
 TEST_F(TreeRngTest, RegisteringANullGeneratorIsRejected) {
