@@ -91,9 +91,11 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
 
 absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard, std::size_t size,
                                                           std::size_t requested) {
-  // A no_split pool wants one segment per block, which expandable segments (one growing range) are not.
-  const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
-  if (config_.expandable_segments && !no_split) return AllocateExpandable(shard, size, requested);
+  // A no_split pool wants one segment per block, which expandable segments (one growing range) are not; a
+  // pool with a segment source gets whole allocations from it, not pages to map.
+  const bool regular_only =
+      shard.pool != nullptr && (shard.pool->options.no_split || shard.pool->segment_source != nullptr);
+  if (config_.expandable_segments && !regular_only) return AllocateExpandable(shard, size, requested);
   return AllocateSegment(shard, size, requested);
 }
 
@@ -128,7 +130,10 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, 
       return DevicePtr{0};
     reserved_in_flight_ += segment_size;
   }
-  absl::StatusOr<DevicePtr> base = driver_->MemAlloc(segment_size);
+  const std::shared_ptr<SegmentSource> source = shard.pool != nullptr ? shard.pool->segment_source : nullptr;
+  absl::StatusOr<DevicePtr> base =
+      source != nullptr ? source->Allocate(segment_size, shard.stream) : driver_->MemAlloc(segment_size);
+  if (base.ok() && *base == 0) base = absl::ResourceExhaustedError("the segment source returned no memory");
   SpinLockHolder shard_lock(&shard.mu);
   BlockPool& pool = shard.PoolFor(size);
   auto* segment = new Segment;
@@ -143,6 +148,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, 
     segment->base = *base;
     segment->size = segment_size;
     segment->stream = shard.stream;
+    segment->source = source;
     segment->shard = &shard;
     segment->pool = &pool;
     LinkSegment(segment);
@@ -245,11 +251,16 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
   return freed;
 }
 
+absl::Status CachingAllocator::FreeSegmentMemory(const Segment& segment) {
+  if (segment.source == nullptr) return driver_->MemFree(segment.base);
+  return segment.source->Free(segment.base, segment.size, segment.stream);
+}
+
 absl::Status CachingAllocator::ReleaseSegments(std::vector<Segment*> segments) {
   absl::Status first_error;
   std::int64_t released = 0;
   for (Segment* segment : segments) {
-    absl::Status s = driver_->MemFree(segment->base);
+    absl::Status s = FreeSegmentMemory(*segment);
     StreamShard& shard = *segment->shard;
     SpinLockHolder shard_lock(&shard.mu);
     --shard.blocks_in_release;

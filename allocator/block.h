@@ -17,6 +17,7 @@
 #include "allocator/device/driver.h"
 #include "allocator/expandable_segment.h"
 #include "allocator/huge_page_memory.h"
+#include "allocator/segment_source.h"
 
 namespace graphalloc {
 
@@ -95,6 +96,8 @@ struct Segment {
   BlockPool* pool = nullptr;
   Block* head = nullptr;
   bool expandable = false;
+  // Where the memory came from when not the driver (PoolOptions::segment_source); it goes back there.
+  std::shared_ptr<SegmentSource> source;
   // Expandable segments only: the reservation's mapped chunks (guarded by the owning shard's lock).
   std::unique_ptr<ExpandableSegment> vmm;
   // Intrusive list of every segment of the allocator, for snapshots and invariant checks.

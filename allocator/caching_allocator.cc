@@ -102,7 +102,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
       }
       (void)driver_->AddressFree(segment->base, segment->size);
     } else {
-      (void)driver_->MemFree(segment->base);
+      (void)FreeSegmentMemory(*segment);
     }
     delete segment;
   }

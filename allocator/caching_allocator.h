@@ -38,6 +38,7 @@
 #include "allocator/mutex.h"
 #include "allocator/pool_checkpoint.h"
 #include "allocator/private_pool.h"
+#include "allocator/segment_source.h"
 #include "allocator/snapshot/memory_snapshot.h"
 #include "allocator/stats.h"
 #include "allocator/stream_shard.h"
@@ -99,7 +100,10 @@ class CachingAllocator {
 
   // ---- Private pools (private_pool.h; pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
   // A new pool with one user, the returned handle.
-  absl::StatusOr<PrivatePool> CreatePool(PoolOptions options = {});
+  // With a `segment_source`, the pool's segments come from it instead of the driver (segment_source.h),
+  // and are regular segments whatever the configuration says about expandable ones.
+  absl::StatusOr<PrivatePool> CreatePool(PoolOptions options = {},
+                                         std::shared_ptr<SegmentSource> segment_source = nullptr);
   // Another user of a live pool; NotFound once the pool is gone.
   absl::StatusOr<PrivatePool> AcquirePool(PoolId id);
   absl::StatusOr<PoolStats> GetPoolStats(PoolId id) const;
@@ -206,6 +210,8 @@ class CachingAllocator {
   // Whether the release paths of `scope` may return memory of `shard` to the device.
   bool Releasable(const StreamShard* shard, PoolId scope) const;
   absl::Status ReleaseSegments(std::vector<Segment*> segments);
+  // Returns a regular segment's memory to where it came from: the driver, or the pool's segment source.
+  absl::Status FreeSegmentMemory(const Segment& segment);
   void LinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   void UnlinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   absl::StatusOr<std::size_t> GarbageCollect();

@@ -67,10 +67,11 @@ void GraphPin::Reset() {
 
 // ---- Registry. ----
 
-absl::StatusOr<PrivatePool> CachingAllocator::CreatePool(PoolOptions options) {
+absl::StatusOr<PrivatePool> CachingAllocator::CreatePool(PoolOptions options,
+                                                         std::shared_ptr<SegmentSource> segment_source) {
   MutexLock lock(&device_mu_);
   const PoolId id = next_pool_id_++;
-  auto state = std::make_unique<PoolState>(id, options);
+  auto state = std::make_unique<PoolState>(id, options, std::move(segment_source));
   state->users.store(1, std::memory_order_relaxed);
   pools_.emplace(id, std::move(state));
   return PrivatePool(this, id);

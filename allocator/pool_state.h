@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <utility>
 
 #include "allocator/private_pool.h"
+#include "allocator/segment_source.h"
 
 namespace graphalloc {
 
@@ -14,7 +17,8 @@ namespace graphalloc {
 inline constexpr PoolId kRetiredPool = ~PoolId{0};
 
 struct PoolState {
-  PoolState(PoolId i, PoolOptions o) : id(i), options(o), use_on_oom(o.use_on_oom) {}
+  PoolState(PoolId i, PoolOptions o, std::shared_ptr<SegmentSource> source)
+      : id(i), options(o), segment_source(std::move(source)), use_on_oom(o.use_on_oom) {}
 
   // Counts bytes allocated (+) or freed (-) in the pool's blocks; called with the block's shard locked.
   void AddAllocated(std::int64_t bytes, std::int64_t blocks) {
@@ -27,6 +31,8 @@ struct PoolState {
 
   const PoolId id;
   const PoolOptions options;  // as created; use_on_oom below is the one in force
+  // Where the pool's segments come from instead of the driver (segment_source.h); null: the driver.
+  const std::shared_ptr<SegmentSource> segment_source;
   // Changed by SetPoolUseOnOom (PyTorch's MemPool turns it off before it lets the pool go).
   std::atomic<bool> use_on_oom;
   // Users (PrivatePool handles and open routes) and GraphPins. Read without the allocator's lock by the

@@ -278,6 +278,67 @@ TEST_F(PrivatePoolTest, UseOnOomTurnedOffStopsTheLending) {
   ExpectInvariants();
 }
 
+// A segment source over the device's own allocations, counting what it hands out and gets back.
+class CountingSource : public SegmentSource {
+ public:
+  explicit CountingSource(Driver& driver) : driver_(driver) {}
+  absl::StatusOr<DevicePtr> Allocate(std::size_t bytes, Stream) override {
+    if (refuse) return absl::ResourceExhaustedError("source is full");
+    absl::StatusOr<DevicePtr> p = driver_.MemAlloc(bytes);
+    if (p.ok()) allocated.push_back({*p, bytes});
+    return p;
+  }
+  absl::Status Free(DevicePtr ptr, std::size_t bytes, Stream) override {
+    freed.push_back({ptr, bytes});
+    return driver_.MemFree(ptr);
+  }
+  std::string Name() const override { return "counting"; }
+
+  bool refuse = false;
+  std::vector<std::pair<DevicePtr, std::size_t>> allocated, freed;
+
+ private:
+  Driver& driver_;
+};
+
+TEST_F(PrivatePoolTest, SegmentSourceServesThePoolsSegmentsAndGetsThemBack) {
+  GRAPHALLOC_ALLOCATOR_SETUP();  // expandable segments on: the sourced pool still uses regular segments
+  auto source = std::make_shared<CountingSource>(allocator_->driver());
+  ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool({}, source));
+  DevicePtr a = 0, b = 0;
+  {
+    ASSERT_OK_AND_ASSIGN(PoolRoute route,
+                         allocator_->BeginAllocateToPool(pool, PoolRouteFilter::ForCallingThread()));
+    a = Alloc(kMiB);
+    b = Alloc(kMiB);  // the same 2 MiB segment, split
+  }
+  const DevicePtr outside = Alloc(kMiB);  // the default pool: not from the source
+  ASSERT_EQ(source->allocated.size(), 1u);
+  EXPECT_EQ(source->allocated[0].second, 2 * kMiB);
+  EXPECT_EQ(a, source->allocated[0].first);
+  EXPECT_EQ(b, a + kMiB);
+  for (const SegmentSnapshot& seg : allocator_->TakeSnapshot().segments) {
+    if (seg.pool_id == pool.id()) {
+      EXPECT_FALSE(seg.expandable);
+    }
+  }
+  FreeOk(a);
+  FreeOk(b);
+  ExpectInvariants();
+  EXPECT_TRUE(source->freed.empty());  // cached until emptied, as any pool's memory
+  ASSERT_OK(allocator_->EmptyPoolCache(pool.id()));
+  ASSERT_EQ(source->freed.size(), 1u);
+  EXPECT_EQ(source->freed[0], source->allocated[0]);
+  source->refuse = true;
+  {
+    ASSERT_OK_AND_ASSIGN(PoolRoute route,
+                         allocator_->BeginAllocateToPool(pool, PoolRouteFilter::ForCallingThread()));
+    EXPECT_TRUE(absl::IsResourceExhausted(allocator_->Allocate(kMiB).status()));
+  }
+  FreeOk(outside);
+  ExpectInvariants();
+}
+
 TEST_F(PrivatePoolTest, NoSplitGivesEveryBlockASegmentOfItsOwn) {
   GRAPHALLOC_ALLOCATOR_SETUP();
   ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool({.no_split = true}));
