@@ -278,11 +278,8 @@ int TorchBackend::getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t memp
 
 void TorchBackend::createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t mempool_id,
                                       std::shared_ptr<cca::CUDAAllocator> allocator) {
-  TORCH_CHECK(allocator == nullptr || allocator.get() == this,
-              "graphalloc is PyTorch's CUDA allocator and cannot serve a MemPool from another allocator (",
-              allocator ? allocator->name() : std::string(),
-              "): create the MemPool without allocator=, or run without graphalloc.torch.install()");
-  pools_.CreateOrIncref(TorchPoolKey{device, mempool_id});
+  if (allocator.get() == this) allocator = nullptr;  // graphalloc itself: the driver's memory
+  pools_.CreateOrIncref(TorchPoolKey{device, mempool_id}, std::move(allocator));
 }
 
 void TorchBackend::setUseOnOOM(c10::DeviceIndex device, c10::MempoolId_t mempool_id, bool use_on_oom) {

@@ -30,6 +30,41 @@ std::vector<std::pair<void*, std::size_t>> AllocatedBlocks(const graphalloc::Poo
 
 thread_local std::optional<TorchPoolKey> last_begun;
 
+// A MemPool's own CUDAAllocator as the source of its graphalloc pool's segments.
+class CudaAllocatorSource final : public graphalloc::SegmentSource {
+ public:
+  explicit CudaAllocatorSource(std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator)
+      : allocator_(std::move(allocator)) {}
+
+  absl::StatusOr<graphalloc::DevicePtr> Allocate(std::size_t bytes, graphalloc::Stream stream) override {
+    try {
+      void* ptr = allocator_->raw_alloc_with_stream(
+          bytes, static_cast<cudaStream_t>(graphalloc::NativeFromStream(stream)));
+      if (ptr == nullptr) return absl::ResourceExhaustedError(allocator_->name() + " returned no memory");
+      return Address(ptr);
+    } catch (const c10::OutOfMemoryError& e) {
+      return absl::ResourceExhaustedError(e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return absl::InternalError(allocator_->name() + ": " + e.what());
+    }
+  }
+
+  absl::Status Free(graphalloc::DevicePtr ptr, std::size_t /*bytes*/,
+                    graphalloc::Stream /*stream*/) override {
+    try {
+      allocator_->raw_delete(Pointer(ptr));
+      return absl::OkStatus();
+    } catch (const std::exception& e) {
+      return absl::InternalError(allocator_->name() + ": " + e.what());
+    }
+  }
+
+  std::string Name() const override { return allocator_->name(); }
+
+ private:
+  const std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator_;
+};
+
 }  // namespace
 
 TorchPoolTable::Entry& TorchPoolTable::Find(const TorchPoolKey& key, const char* operation) {
@@ -41,7 +76,8 @@ TorchPoolTable::Entry& TorchPoolTable::Find(const TorchPoolKey& key, const char*
 
 graphalloc::PrivatePool& TorchPoolTable::PoolOf(const TorchPoolKey& key, Entry& entry) {
   if (!entry.pool) {
-    absl::StatusOr<graphalloc::PrivatePool> pool = allocator_of_(key.device).CreatePool(entry.options);
+    absl::StatusOr<graphalloc::PrivatePool> pool =
+        allocator_of_(key.device).CreatePool(entry.options, entry.source);
     TORCH_CHECK(pool.ok(), "graphalloc: cannot create the private pool for ", Describe(key), ": ",
                 pool.status().ToString());
     entry.pool = *std::move(pool);
@@ -49,9 +85,13 @@ graphalloc::PrivatePool& TorchPoolTable::PoolOf(const TorchPoolKey& key, Entry& 
   return entry.pool;
 }
 
-void TorchPoolTable::CreateOrIncref(const TorchPoolKey& key) {
+void TorchPoolTable::CreateOrIncref(
+    const TorchPoolKey& key, std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++entries_[key].references;
+  Entry& entry = entries_[key];
+  if (entry.references++ == 0 && allocator != nullptr) {
+    entry.source = std::make_shared<CudaAllocatorSource>(std::move(allocator));
+  }
 }
 
 void TorchPoolTable::Begin(const TorchPoolKey& key, std::function<bool(cudaStream_t)> filter) {

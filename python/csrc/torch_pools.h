@@ -47,7 +47,11 @@ class TorchPoolTable {
   explicit TorchPoolTable(std::function<graphalloc::CachingAllocator&(c10::DeviceIndex)> allocator_of)
       : allocator_of_(std::move(allocator_of)) {}
 
-  void CreateOrIncref(const TorchPoolKey& key);
+  // `allocator` (null: graphalloc itself) is where the pool's segments come from: another CUDAAllocator
+  // (PyTorch's MemPool(allocator=...), e.g. a CUDAPluggableAllocator over ncclMemAlloc) whose allocations
+  // graphalloc caches and splits for the pool, keeping it alive while any of them is held.
+  void CreateOrIncref(const TorchPoolKey& key,
+                      std::shared_ptr<c10::cuda::CUDACachingAllocator::CUDAAllocator> allocator = nullptr);
   // Takes a reference and routes the allocations `filter` accepts to the pool until End(); allocations are
   // in capture mode meanwhile (no event queries, nothing returned to the device), as PyTorch's allocator
   // treats every pool route as a capture underway.
@@ -97,7 +101,8 @@ class TorchPoolTable {
   struct Entry {
     int references = 0;
     graphalloc::PoolOptions options;
-    graphalloc::PrivatePool pool;  // empty until first used
+    std::shared_ptr<graphalloc::SegmentSource> source;  // null: the driver
+    graphalloc::PrivatePool pool;                       // empty until first used
   };
 
   Entry& Find(const TorchPoolKey& key, const char* operation);

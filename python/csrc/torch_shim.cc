@@ -229,7 +229,9 @@ GRAPHALLOC_SHIM_EXPORT void* graphalloc_torch_shim_hook(const char* name) {
 
 // torch.__version__ of the PyTorch this was compiled against ("" if unknown): its C++ types and ABI are
 // that PyTorch's, so graphalloc.torch uses it with that version only.
-GRAPHALLOC_SHIM_EXPORT const char* graphalloc_torch_shim_built_for(void) { return GRAPHALLOC_TORCH_BUILT_FOR; }
+GRAPHALLOC_SHIM_EXPORT const char* graphalloc_torch_shim_built_for(void) {
+  return GRAPHALLOC_TORCH_BUILT_FOR;
+}
 
 // NULL when the pool hooks are in this build; else why not (the build's check of PyTorch's hook types).
 GRAPHALLOC_SHIM_EXPORT const char* graphalloc_torch_shim_pool_hooks_unavailable(void) {
