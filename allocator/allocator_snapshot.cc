@@ -16,7 +16,8 @@ BlockState StateOf(const Block* b) {
 
 }  // namespace
 
-MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label,
+                                              bool record_event) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   MemorySnapshot snapshot;
   snapshot.label = std::string(label);
   snapshot.source = "graphalloc";
@@ -94,10 +95,14 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label) const ABS
   ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
   shard_set_mu_.Unlock();
 
-  // As PyTorch: the snapshot's own event is its last, with the active bytes it saw (LastAction() skips it).
-  history_.Record(HistoryAction::kSnapshot, 0,
-                  static_cast<std::uint64_t>(snapshot.stats.active_bytes.all().current), 0, 0);
   history_.ExportTo(&snapshot);
+  // The snapshot's own event, with the active bytes it saw, goes after the history it holds, so that its
+  // last event is the allocator's last action (as in PyTorch's snapshots); later snapshots show where it was
+  // taken.
+  if (record_event) {
+    history_.Record(HistoryAction::kSnapshot, 0,
+                    static_cast<std::uint64_t>(snapshot.stats.active_bytes.all().current), 0, 0);
+  }
   // A live block's stack and annotation are those of the last recorded allocation at its address. A
   // segment's stack is that of the last segment_alloc at its address or, for an expandable segment (whose
   // reservation is not an event), of the oldest segment_map still in the history inside it.

@@ -92,7 +92,9 @@ class CachingAllocator {
 
   // The allocator's state now: every segment with its blocks, the statistics, the configuration and the
   // recorded history (see docs/snapshot_format.md). `label` says when it was taken ("peak", "end", ...).
-  MemorySnapshot TakeSnapshot(absl::string_view label = "") const;
+  // With `record_event` false the snapshot leaves no `snapshot` event in the history: for internal queries
+  // (a backend answering "largest free block?"), which are not the user's snapshots.
+  MemorySnapshot TakeSnapshot(absl::string_view label = "", bool record_event = true) const;
 
   // Verifies every internal invariant (block chains, free index, pointer map, statistics); an Internal
   // error describes the first violation. Tests call it after every step.

@@ -141,8 +141,9 @@ struct MemorySnapshot {
   DeviceStats stats;
   std::vector<SegmentSnapshot> segments;  // sorted by address
   std::vector<PoolSnapshot> pools;
-  // Oldest first. A snapshot graphalloc takes ends with its own `snapshot` event (as PyTorch's do; its
-  // size is the active bytes then): the real last action is the event before it (LastAction()).
+  // Oldest first, ending with the allocator's last action (as PyTorch's snapshots do). Each snapshot's own
+  // `snapshot` event (size: the active bytes it saw) is recorded after it, so later snapshots show it;
+  // LastAction() skips such events.
   std::vector<HistoryEvent> history;
   bool history_overflowed = false;      // older events were dropped from the ring
   std::size_t history_max_entries = 0;  // the ring's capacity (0: history was not recorded)

@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "allocator/size_policy.h"
 #include "python/csrc/torch_snapshot.h"
 #include "python/csrc/torch_stats.h"
 
@@ -84,6 +86,10 @@ void* TorchBackend::Allocate(size_t size, c10::DeviceIndex device, cudaStream_t 
   }
   void* out = reinterpret_cast<void*>(*ptr);
   if (history_.active()) history_.OnAlloc(device, out, size, size, stream, {0, 0});
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+    ReportToProfiler(device, out, static_cast<std::int64_t>(graphalloc::RoundSize(size, allocator.config())),
+                     allocator);
+  }
   return out;
 }
 
@@ -117,6 +123,9 @@ void TorchBackend::Free(void* ptr) {
     if (allocator == nullptr) continue;
     absl::Status s = allocator->Free(Address(ptr));
     if (s.ok()) {
+      if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+        ReportToProfiler(static_cast<c10::DeviceIndex>(device), ptr, 0, *allocator);
+      }
       if (history_.active()) {
         const auto index = static_cast<c10::DeviceIndex>(device);
         history_.OnFreeRequested(index, ptr, 0, nullptr, {0, 0});
@@ -139,6 +148,25 @@ void TorchBackend::Free(void* ptr) {
   }
   std::fprintf(stderr, "graphalloc: free of %p: %s\n", ptr,
                first_error.ok() ? "no graphalloc allocator exists" : first_error.ToString().c_str());
+}
+
+void TorchBackend::ReportToProfiler(c10::DeviceIndex device, void* ptr, std::int64_t bytes,
+                                    graphalloc::CachingAllocator& allocator) {
+  {
+    std::lock_guard<std::mutex> lock(profiled_mu_);
+    if (bytes > 0) {
+      profiled_sizes_[ptr] = bytes;
+    } else {
+      auto it = profiled_sizes_.find(ptr);
+      if (it == profiled_sizes_.end()) return;  // allocated before the profiler started: size unknown
+      bytes = -it->second;
+      profiled_sizes_.erase(it);
+    }
+  }
+  const graphalloc::DeviceStats stats = allocator.GetStats();
+  c10::reportMemoryUsageToProfiler(ptr, bytes, static_cast<size_t>(stats.allocated_bytes.all().current),
+                                   static_cast<size_t>(stats.reserved_bytes.all().current),
+                                   c10::Device(c10::DeviceType::CUDA, device));
 }
 
 void TorchBackend::ThrowOutOfMemory(const absl::Status& status, c10::DeviceIndex device, size_t size,
@@ -221,7 +249,8 @@ std::vector<cca::StreamSegmentSize> TorchBackend::getExpandableSegmentSizes(c10:
   std::vector<cca::StreamSegmentSize> sizes;
   graphalloc::CachingAllocator* allocator = Existing(device);
   if (allocator == nullptr) return sizes;
-  for (const graphalloc::SegmentSnapshot& s : allocator->TakeSnapshot("getExpandableSegmentSizes").segments) {
+  for (const graphalloc::SegmentSnapshot& s :
+       allocator->TakeSnapshot("getExpandableSegmentSizes", /*record_event=*/false).segments) {
     if (!s.expandable) continue;
     sizes.emplace_back(static_cast<cudaStream_t>(graphalloc::NativeFromStream(graphalloc::Stream{s.stream})),
                        s.kind == graphalloc::SegmentKind::kSmall, s.ReservedBytes());
@@ -236,7 +265,8 @@ void TorchBackend::cacheInfo(c10::DeviceIndex device, size_t* largest_block) {
     TORCH_CHECK(info.ok(), "graphalloc: cacheInfo: ", info.status().ToString());
     *largest_block = info->free;
   }
-  const graphalloc::SnapshotTotals totals = graphalloc::ComputeTotals(allocator.TakeSnapshot("cacheInfo"));
+  const graphalloc::SnapshotTotals totals =
+      graphalloc::ComputeTotals(allocator.TakeSnapshot("cacheInfo", /*record_event=*/false));
   *largest_block = std::max<size_t>(*largest_block, totals.largest_free_block);
 }
 
@@ -245,7 +275,8 @@ void* TorchBackend::getBaseAllocation(void* ptr, size_t* size) {
   for (int device = 0; device < graphalloc::kMaxDevices; ++device) {
     graphalloc::CachingAllocator* allocator = Existing(static_cast<c10::DeviceIndex>(device));
     if (allocator == nullptr) continue;
-    for (const graphalloc::SegmentSnapshot& s : allocator->TakeSnapshot("getBaseAllocation").segments) {
+    for (const graphalloc::SegmentSnapshot& s :
+         allocator->TakeSnapshot("getBaseAllocation", /*record_event=*/false).segments) {
       if (address < s.address || address >= s.address + s.total_size) continue;
       TORCH_CHECK(!s.expandable, "graphalloc: getBaseAllocation: ", ptr,
                   " is in an expandable segment, which has no base allocation to share with another process; "
@@ -378,6 +409,9 @@ void InstallTorchBackend() {
   // PyTorch keeps the allocator in a shared_ptr; the backend outlives it (see TorchBackend::Get).
   static const std::shared_ptr<cca::CUDAAllocator> holder(&TorchBackend::Get(), [](cca::CUDAAllocator*) {});
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(holder);
+  // PyTorch's device-generic entry points (torch.accelerator.memory_stats(), ...) ask c10::GetAllocator,
+  // where PyTorch's own allocator is registered with a priority changeCurrentAllocator does not beat.
+  c10::SetAllocator(c10::DeviceType::CUDA, &TorchBackend::Get(), std::numeric_limits<uint8_t>::max());
 }
 
 }  // namespace graphalloc_torch

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -128,6 +129,13 @@ class TorchBackend final : public cca::CUDAAllocator {
   void Free(void* ptr);
   [[noreturn]] void ThrowOutOfMemory(const absl::Status& status, c10::DeviceIndex device, size_t size,
                                      cudaStream_t stream);
+
+  // torch.profiler(profile_memory=True) reports each allocation and free with its size; a free knows only
+  // its pointer, so while the profiler records, the sizes of blocks allocated meanwhile are kept here.
+  void ReportToProfiler(c10::DeviceIndex device, void* ptr, std::int64_t bytes,
+                        graphalloc::CachingAllocator& allocator);
+  std::mutex profiled_mu_;
+  std::unordered_map<void*, std::int64_t> profiled_sizes_;
 
   std::atomic<bool> initialized_{false};
   std::atomic<bool> enabled_{true};

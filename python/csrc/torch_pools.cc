@@ -199,7 +199,8 @@ bool TorchPoolTable::CheckLiveAllocations(const TorchPoolKey& key,
     return live == expected.size();
   }
   // Blocks waiting on stream events make the checkpoint refuse; the snapshot shows them as not allocated.
-  const graphalloc::MemorySnapshot snapshot = pool.allocator()->TakeSnapshot("checkPoolLiveAllocations");
+  const graphalloc::MemorySnapshot snapshot =
+      pool.allocator()->TakeSnapshot("checkPoolLiveAllocations", /*record_event=*/false);
   for (const graphalloc::SegmentSnapshot& segment : snapshot.segments) {
     if (segment.pool_id != pool.id()) continue;
     for (const graphalloc::BlockSnapshot& block : segment.blocks) {

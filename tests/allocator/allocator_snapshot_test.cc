@@ -87,13 +87,13 @@ TEST_F(AllocatorSnapshotTest, HistoryRecordsAllocatorEventsInOrder) {
   MemorySnapshot s = allocator_->TakeSnapshot();
   EXPECT_THAT(Actions(s), ::testing::ElementsAre(HistoryAction::kSegmentAlloc, HistoryAction::kAlloc,
                                                  HistoryAction::kFreeRequested, HistoryAction::kFreeCompleted,
-                                                 HistoryAction::kSegmentFree, HistoryAction::kSnapshot));
-  ASSERT_EQ(s.history.size(), 6u);
+                                                 HistoryAction::kSegmentFree));
+  ASSERT_EQ(s.history.size(), 5u);
   EXPECT_EQ(s.history[1].address, a);
   EXPECT_EQ(s.history[1].size, 4096u);
   EXPECT_EQ(s.history[0].size, 2 * kMiB);
   EXPECT_TRUE(s.history[1].frames.empty());  // stacks were not asked for
-  EXPECT_LE(s.history[0].time_us, s.history[5].time_us);
+  EXPECT_LE(s.history[0].time_us, s.history[4].time_us);
   EXPECT_EQ(s.history_max_entries, 1000u);
   EXPECT_FALSE(s.history_overflowed);
 }
@@ -105,7 +105,7 @@ TEST_F(AllocatorSnapshotTest, HistoryKeepsOnlyTheNewestMaxEntries) {
   MemorySnapshot s = allocator_->TakeSnapshot();
   ASSERT_EQ(s.history.size(), 4u);
   EXPECT_TRUE(s.history_overflowed);
-  EXPECT_EQ(s.history.back().action, HistoryAction::kSnapshot);
+  EXPECT_EQ(s.history.back().action, HistoryAction::kFreeCompleted);
 }
 
 TEST_F(AllocatorSnapshotTest, StacksAreRecordedOnlyWhenAskedAndAttachedToLiveBlocks) {
@@ -156,9 +156,9 @@ TEST_F(AllocatorSnapshotTest, AllocAndFreeEventsRecordTheRequestedSizeAsPyTorchD
   DevicePtr a = Alloc(1000);  // a 1024-byte block
   FreeOk(a);
   MemorySnapshot s = allocator_->TakeSnapshot();
-  EXPECT_THAT(Actions(s), ::testing::ElementsAre(HistoryAction::kSegmentAlloc, HistoryAction::kAlloc,
-                                                 HistoryAction::kFreeRequested, HistoryAction::kFreeCompleted,
-                                                 HistoryAction::kSnapshot));
+  EXPECT_THAT(Actions(s),
+              ::testing::ElementsAre(HistoryAction::kSegmentAlloc, HistoryAction::kAlloc,
+                                     HistoryAction::kFreeRequested, HistoryAction::kFreeCompleted));
   for (std::size_t i = 1; i <= 3; ++i) {
     EXPECT_EQ(s.history[i].address, a);
     EXPECT_EQ(s.history[i].size, 1000u) << HistoryActionName(s.history[i].action);
@@ -170,19 +170,23 @@ TEST_F(AllocatorSnapshotTest, AllocAndFreeEventsRecordTheRequestedSizeAsPyTorchD
   EXPECT_EQ(back->history[1].size, 1000u);
 }
 
-TEST_F(AllocatorSnapshotTest, SnapshotEventIsLastWithTheActiveBytesAndLastActionIsTheEventBeforeIt) {
+TEST_F(AllocatorSnapshotTest, SnapshotEndsWithTheLastActionAndItsOwnEventShowsInTheNext) {
   GRAPHALLOC_ALLOCATOR_SETUP(*Config::Parse("record_history:True,expandable_segments:False"));
   DevicePtr a = Alloc(1000);
   DevicePtr b = Alloc(3000);
   FreeOk(a);
-  MemorySnapshot s = allocator_->TakeSnapshot();
-  ASSERT_GE(s.history.size(), 2u);
-  EXPECT_EQ(s.history.back().action, HistoryAction::kSnapshot);
-  EXPECT_EQ(s.history.back().size, 3072u);  // active bytes when taken, as PyTorch records it
-  const HistoryEvent* last = LastAction(s);
+  MemorySnapshot first = allocator_->TakeSnapshot();
+  ASSERT_GE(first.history.size(), 2u);
+  EXPECT_EQ(first.history.back().action, HistoryAction::kFreeCompleted);  // as in PyTorch's snapshots
+  EXPECT_EQ(first.history.back().address, a);
+  EXPECT_EQ(LastAction(first), &first.history.back());
+  MemorySnapshot second = allocator_->TakeSnapshot();
+  ASSERT_EQ(second.history.size(), first.history.size() + 1);
+  EXPECT_EQ(second.history.back().action, HistoryAction::kSnapshot);
+  EXPECT_EQ(second.history.back().size, 3072u);  // the active bytes the first snapshot saw
+  const HistoryEvent* last = LastAction(second);
   ASSERT_NE(last, nullptr);
   EXPECT_EQ(last->action, HistoryAction::kFreeCompleted);
-  EXPECT_EQ(last->address, a);
   FreeOk(b);
 }
 
@@ -192,7 +196,7 @@ TEST_F(AllocatorSnapshotTest, OutOfMemoryIsRecordedWithTheRequestedSize) {
   EXPECT_FALSE(allocator_->Allocate(20 * kMiB).ok());
   MemorySnapshot s = allocator_->TakeSnapshot();
   ASSERT_FALSE(s.history.empty());
-  const HistoryEvent& oom = s.history[s.history.size() - 2];
+  const HistoryEvent& oom = s.history.back();
   EXPECT_EQ(oom.action, HistoryAction::kOom);
   EXPECT_EQ(oom.size, 20 * kMiB);
 }

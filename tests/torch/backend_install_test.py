@@ -55,6 +55,8 @@ class BackendInstallTest(unittest.TestCase):
         self.assertEqual(ga_stat("allocated_bytes.all.current"), before)
 
     def test_record_stream_delays_reuse(self):
+        torch.cuda._sleep(1)  # the first launch loads the kernel and may not sleep at all
+        torch.cuda.synchronize()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         x = torch.empty(MiB, dtype=torch.uint8, device="cuda")
@@ -68,6 +70,7 @@ class BackendInstallTest(unittest.TestCase):
         # Freed, but waiting for the side stream's work: still active, as PyTorch counts it.
         self.assertEqual(torch.cuda.memory_stats()["active_bytes.all.current"], active)
         y = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        self.assertFalse(side.query(), "the side stream finished too early for this test to mean anything")
         self.assertNotEqual(y.data_ptr(), ptr)  # not reused while the side stream may still use it
         torch.cuda.synchronize()
 
