@@ -1,0 +1,126 @@
+// The HTML viewer (`graphalloc snapshot plot FILE -o OUT.html`) in a real headless browser: Chromium loads
+// the page, runs its script and prints the resulting DOM. The page sets body[data-status] to "ok" when it
+// has rendered and to the message of any script error; `#find=0x...` selects the block at that address and
+// writes its address and state into #details. Chromium is a test dependency (scripts/setup.sh installs it):
+// without it the tests fail, saying so, rather than pass unchecked.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/snapshot/snapshot_json.h"
+#include "allocator/snapshot/torch_snapshot.h"
+#include "tests/snapshot/snapshot_fixture.h"
+#include "tools/snapshot/snapshot_views.h"
+
+namespace graphalloc {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MakeFixtureSnapshot;
+
+struct Run {
+  int code = -1;
+  std::string output;
+};
+
+Run Shell(const std::string& command) {
+  Run run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
+  const int status = pclose(pipe);
+  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+std::string Chromium() {
+  if (const char* env = std::getenv("GRAPHALLOC_CHROMIUM"); env != nullptr && *env != '\0') return env;
+  for (const char* name : {"chromium", "chromium-browser", "google-chrome"}) {
+    if (Shell(absl::StrCat("command -v ", name, " 2>/dev/null")).code == 0) return name;
+  }
+  return "";
+}
+
+// The DOM after the page's scripts ran (stdout only: Chromium logs noise on stderr).
+std::string RenderedDom(const std::string& html_path, const std::string& hash) {
+  const std::string chromium = Chromium();
+  if (chromium.empty()) {
+    ADD_FAILURE() << "chromium is not installed: run scripts/setup.sh (it installs the Debian package "
+                     "`chromium`), or point GRAPHALLOC_CHROMIUM at a Chromium binary";
+    return "";
+  }
+  const Run r =
+      Shell(absl::StrCat(chromium,
+                         " --headless --no-sandbox --disable-gpu --no-first-run --disable-extensions"
+                         " --virtual-time-budget=10000 --dump-dom 'file://",
+                         html_path, hash, "' 2>/dev/null"));
+  EXPECT_EQ(r.code, 0);
+  return r.output;
+}
+
+std::string Cli(const std::string& args) {
+  const Run r = Shell(absl::StrCat(GRAPHALLOC_CLI_PATH, " ", args, " 2>&1"));
+  EXPECT_EQ(r.code, 0) << args << "\n" << r.output;
+  return r.output;
+}
+
+TEST(ViewerBrowserTest, FixtureRendersAndFindsBlockByAddress) {
+  const std::string dir = testing::TestDir();
+  const std::string html = dir + "/fixture.html";
+  ASSERT_TRUE(WriteFileBytes(html, tools::RenderHtml(MakeFixtureSnapshot(), "fixture <test>")).ok());
+  // The pending-free block of segment 0.
+  const std::string dom = RenderedDom(html, "#find=0x7f0000100000");
+  EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
+  EXPECT_THAT(dom, HasSubstr("<title>fixture &lt;test&gt;</title>"));
+  EXPECT_THAT(dom, HasSubstr("data-address=\"0x7f0000100000\" data-state=\"pending_free\""));
+  EXPECT_THAT(dom, HasSubstr("backward (model.cc:20)"));  // the block's stack
+  // An address inside the expandable segment's second mapped range (free there).
+  const std::string dom2 = RenderedDom(html, "#find=0x7f0001480000");
+  EXPECT_THAT(dom2, HasSubstr("data-status=\"ok\""));
+  EXPECT_THAT(dom2, HasSubstr("data-address=\"0x7f0001400000\" data-state=\"free\""));
+}
+
+// A real allocator's history: replay a trace on the simulated device, plot its end snapshot, find a block
+// that is allocated there; then the same snapshot as a PyTorch pickle, plotted directly.
+TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
+  const std::string dir = testing::TestDir();
+  Cli(absl::StrCat("replay --device sim ", GRAPHALLOC_SOURCE_DIR,
+                   "/traces/gpt2_generate_varying.csv.gz --snapshot ", dir, "/gen.json"));
+  absl::StatusOr<MemorySnapshot> s = ReadSnapshotFile(dir + "/gen.end.json");
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_FALSE(s->history.empty());
+  std::uint64_t known = 0;
+  for (const SegmentSnapshot& seg : s->segments) {
+    for (const BlockSnapshot& b : seg.blocks) {
+      if (known == 0 && b.state == BlockState::kAllocated) known = b.address;
+    }
+  }
+  ASSERT_NE(known, 0u);
+  const std::string address = absl::StrCat("0x", absl::Hex(known));
+
+  Cli(absl::StrCat("snapshot plot ", dir, "/gen.end.json -o ", dir, "/gen.html"));
+  std::string dom = RenderedDom(dir + "/gen.html", "#find=" + address);
+  EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
+  EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-events=\"", s->history.size(), "\"")));
+  EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-address=\"", address, "\" data-state=\"allocated\"")));
+
+  Cli(absl::StrCat("snapshot export-torch ", dir, "/gen.end.json -o ", dir, "/gen.pickle"));
+  Cli(absl::StrCat("snapshot plot ", dir, "/gen.pickle -o ", dir, "/torch.html"));
+  dom = RenderedDom(dir + "/torch.html", "#find=" + address);
+  EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
+  EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-address=\"", address, "\" data-state=\"allocated\"")));
+  // The slider moved to the first event: the page still renders a state there.
+  dom = RenderedDom(dir + "/gen.html", "#event=0");
+  EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
+  EXPECT_THAT(dom, HasSubstr("event 0 / "));
+}
+
+}  // namespace
+}  // namespace graphalloc
