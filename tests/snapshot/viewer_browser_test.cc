@@ -92,7 +92,7 @@ TEST(ViewerBrowserTest, FixtureRendersAndFindsBlockByAddress) {
 TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
   const std::string dir = testing::TestDir();
   Cli(absl::StrCat("replay --device sim ", GRAPHALLOC_SOURCE_DIR,
-                   "/traces/gpt2_generate_varying.csv.gz --snapshot ", dir, "/gen.json"));
+                   "/traces/gpt2_train.csv.gz --snapshot ", dir, "/gen.json"));
   absl::StatusOr<MemorySnapshot> s = ReadSnapshotFile(dir + "/gen.end.json");
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_FALSE(s->history.empty());
@@ -120,6 +120,52 @@ TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
   dom = RenderedDom(dir + "/gen.html", "#event=0");
   EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
   EXPECT_THAT(dom, HasSubstr("event 0 / "));
+}
+
+// A million history events (the viewer decimates for drawing and keeps every event in its model): the page
+// renders, counts every event and finds a block live at the end.
+TEST(ViewerBrowserTest, MillionEventHistory) {
+  constexpr std::uint64_t kBase = 0x7f0000000000, kSlot = 256 << 10;
+  constexpr int kSlots = 4096, kLive = 1000, kSteps = 333'334;
+  MemorySnapshot s;
+  s.label = "synthetic";
+  std::vector<std::uint64_t> requested(kSlots, 0);
+  for (int step = 0; step < kSteps; ++step) {
+    const std::int64_t t = 1'700'000'000'000'000 + step;
+    if (step >= kLive) {
+      const int slot = (step - kLive) % kSlots;
+      const std::uint64_t size = requested[slot];
+      requested[slot] = 0;
+      s.history.push_back({HistoryAction::kFreeRequested, kBase + slot * kSlot, size, 0, 0, t, {}, ""});
+      s.history.push_back({HistoryAction::kFreeCompleted, kBase + slot * kSlot, size, 0, 0, t, {}, ""});
+    }
+    const int slot = step % kSlots;
+    requested[slot] = 512 + (static_cast<std::uint64_t>(step) * 7919) % (kSlot - 512);
+    s.history.push_back({HistoryAction::kAlloc, kBase + slot * kSlot, requested[slot], 0, 0, t, {}, ""});
+  }
+  SegmentSnapshot seg{kBase, kSlots * kSlot, 0, 0, SegmentKind::kLarge, false, {}, {}, {}};
+  for (int slot = 0; slot < kSlots; ++slot) {
+    const bool live = requested[slot] != 0;
+    seg.blocks.push_back({kBase + slot * kSlot,
+                          kSlot,
+                          requested[slot],
+                          live ? BlockState::kAllocated : BlockState::kFree,
+                          0,
+                          {},
+                          ""});
+  }
+  s.segments = {seg};
+  s.history_max_entries = s.history.size();
+  ASSERT_TRUE(ValidateSnapshot(s).ok());
+
+  const std::string dir = testing::TestDir();
+  ASSERT_TRUE(WriteFileBytes(dir + "/big.html", tools::RenderHtml(s, "big")).ok());
+  const int last_slot = (kSteps - 1) % kSlots;
+  const std::string address = absl::StrCat("0x", absl::Hex(kBase + last_slot * kSlot));
+  const std::string dom = RenderedDom(dir + "/big.html", absl::StrCat("#find=", address));
+  EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
+  EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-events=\"", s.history.size(), "\"")));
+  EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-address=\"", address, "\" data-state=\"allocated\"")));
 }
 
 }  // namespace
