@@ -5,11 +5,10 @@
 // without it the tests fail, saying so, rather than pass unchecked.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/snapshot/snapshot_json.h"
@@ -23,55 +22,48 @@ namespace {
 using ::testing::HasSubstr;
 using testing::MakeFixtureSnapshot;
 
-struct Run {
-  int code = -1;
-  std::string output;
-};
+using Run = testing::CommandRun;
+using testing::RunCommand;
 
-Run Shell(const std::string& command) {
-  Run run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
-  const int status = pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
-
+// GRAPHALLOC_CHROMIUM when set, else the first browser on PATH; "" when there is none.
 std::string Chromium() {
-  if (const char* env = std::getenv("GRAPHALLOC_CHROMIUM"); env != nullptr && *env != '\0') return env;
-  for (const char* name : {"chromium", "chromium-browser", "google-chrome"}) {
-    if (Shell(absl::StrCat("command -v ", name, " 2>/dev/null")).code == 0) return name;
+  const char* env = std::getenv("GRAPHALLOC_CHROMIUM");
+  std::vector<std::string> candidates = {"chromium", "chromium-browser", "google-chrome"};
+  if (env != nullptr && *env != '\0') candidates = {env};
+  for (const std::string& name : candidates) {
+    if (RunCommand(absl::StrCat("command -v '", name, "' 2>/dev/null")).code == 0) return name;
   }
   return "";
+}
+
+// Fails the calling test, saying how to install Chromium, when there is none.
+::testing::AssertionResult HaveChromium() {
+  if (!Chromium().empty()) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "chromium is not installed: run scripts/setup.sh (it installs the "
+                                          "Debian package `chromium`), or point GRAPHALLOC_CHROMIUM at a "
+                                          "Chromium binary";
 }
 
 // The DOM after the page's scripts ran (stdout only: Chromium logs noise on stderr).
 std::string RenderedDom(const std::string& html_path, const std::string& hash) {
   const std::string chromium = Chromium();
-  if (chromium.empty()) {
-    ADD_FAILURE() << "chromium is not installed: run scripts/setup.sh (it installs the Debian package "
-                     "`chromium`), or point GRAPHALLOC_CHROMIUM at a Chromium binary";
-    return "";
-  }
   const Run r =
-      Shell(absl::StrCat(chromium,
-                         " --headless --no-sandbox --disable-gpu --no-first-run --disable-extensions"
-                         " --virtual-time-budget=10000 --dump-dom 'file://",
-                         html_path, hash, "' 2>/dev/null"));
+      RunCommand(absl::StrCat(chromium,
+                              " --headless --no-sandbox --disable-gpu --no-first-run --disable-extensions"
+                              " --virtual-time-budget=10000 --dump-dom 'file://",
+                              html_path, hash, "' 2>/dev/null"));
   EXPECT_EQ(r.code, 0);
   return r.output;
 }
 
 std::string Cli(const std::string& args) {
-  const Run r = Shell(absl::StrCat(GRAPHALLOC_CLI_PATH, " ", args, " 2>&1"));
+  const Run r = RunCommand(absl::StrCat(GRAPHALLOC_CLI_PATH, " ", args, " 2>&1"));
   EXPECT_EQ(r.code, 0) << args << "\n" << r.output;
   return r.output;
 }
 
 TEST(ViewerBrowserTest, FixtureRendersAndFindsBlockByAddress) {
+  ASSERT_TRUE(HaveChromium());
   const std::string dir = testing::TestDir();
   const std::string html = dir + "/fixture.html";
   ASSERT_TRUE(WriteFileBytes(html, tools::RenderHtml(MakeFixtureSnapshot(), "fixture <test>")).ok());
@@ -90,9 +82,10 @@ TEST(ViewerBrowserTest, FixtureRendersAndFindsBlockByAddress) {
 // A real allocator's history: replay a trace on the simulated device, plot its end snapshot, find a block
 // that is allocated there; then the same snapshot as a PyTorch pickle, plotted directly.
 TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
+  ASSERT_TRUE(HaveChromium());
   const std::string dir = testing::TestDir();
-  Cli(absl::StrCat("replay --device sim ", GRAPHALLOC_SOURCE_DIR,
-                   "/traces/gpt2_train.csv.gz --snapshot ", dir, "/gen.json"));
+  Cli(absl::StrCat("replay --device sim ", GRAPHALLOC_SOURCE_DIR, "/traces/gpt2_train.csv.gz --snapshot ",
+                   dir, "/gen.json"));
   absl::StatusOr<MemorySnapshot> s = ReadSnapshotFile(dir + "/gen.end.json");
   ASSERT_TRUE(s.ok()) << s.status();
   ASSERT_FALSE(s->history.empty());
@@ -125,6 +118,7 @@ TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
 // A million history events (the viewer decimates for drawing and keeps every event in its model): the page
 // renders, counts every event and finds a block live at the end.
 TEST(ViewerBrowserTest, MillionEventHistory) {
+  ASSERT_TRUE(HaveChromium());
   constexpr std::uint64_t kBase = 0x7f0000000000, kSlot = 256 << 10;
   constexpr int kSlots = 4096, kLive = 1000, kSteps = 333'334;
   MemorySnapshot s;
