@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -56,6 +57,17 @@ std::string RenderedDom(const std::string& html_path, const std::string& hash) {
   return r.output;
 }
 
+// The opening tags the page writes its results into (body, #state, #details), to match against: short
+// enough to print when a check fails, unlike the whole DOM with its embedded data.
+std::string ResultTags(const std::string& dom) {
+  std::string out;
+  for (const char* start : {"<body", "<div id=\"state\"", "<div id=\"details\""}) {
+    const std::size_t at = dom.find(start);
+    if (at != std::string::npos) absl::StrAppend(&out, dom.substr(at, dom.find('>', at) + 1 - at), "\n");
+  }
+  return out;
+}
+
 std::string Cli(const std::string& args) {
   const Run r = RunCommand(absl::StrCat(GRAPHALLOC_CLI_PATH, " ", args, " 2>&1"));
   EXPECT_EQ(r.code, 0) << args << "\n" << r.output;
@@ -74,9 +86,13 @@ TEST(ViewerBrowserTest, FixtureRendersAndFindsBlockByAddress) {
   EXPECT_THAT(dom, HasSubstr("data-address=\"0x7f0000100000\" data-state=\"pending_free\""));
   EXPECT_THAT(dom, HasSubstr("backward (model.cc:20)"));  // the block's stack
   // An address inside the expandable segment's second mapped range (free there).
-  const std::string dom2 = RenderedDom(html, "#find=0x7f0001480000");
+  const std::string dom2 = ResultTags(RenderedDom(html, "#find=0x7f0001480000"));
   EXPECT_THAT(dom2, HasSubstr("data-status=\"ok\""));
   EXPECT_THAT(dom2, HasSubstr("data-address=\"0x7f0001400000\" data-state=\"free\""));
+  // Filtered to pool 5 (segment 1: 2 MiB, one 512 B block allocated).
+  const std::string dom3 = ResultTags(RenderedDom(html, "#pool=5"));
+  EXPECT_THAT(dom3, HasSubstr("data-status=\"ok\""));
+  EXPECT_THAT(dom3, HasSubstr("data-reserved=\"2097152\" data-allocated=\"512\""));
 }
 
 // A real allocator's history: replay a trace on the simulated device, plot its end snapshot, find a block
@@ -99,20 +115,48 @@ TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
   const std::string address = absl::StrCat("0x", absl::Hex(known));
 
   Cli(absl::StrCat("snapshot plot ", dir, "/gen.end.json -o ", dir, "/gen.html"));
-  std::string dom = RenderedDom(dir + "/gen.html", "#find=" + address);
+  std::string dom = ResultTags(RenderedDom(dir + "/gen.html", "#find=" + address));
   EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-events=\"", s->history.size(), "\"")));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-address=\"", address, "\" data-state=\"allocated\"")));
 
   Cli(absl::StrCat("snapshot export-torch ", dir, "/gen.end.json -o ", dir, "/gen.pickle"));
   Cli(absl::StrCat("snapshot plot ", dir, "/gen.pickle -o ", dir, "/torch.html"));
-  dom = RenderedDom(dir + "/torch.html", "#find=" + address);
+  dom = ResultTags(RenderedDom(dir + "/torch.html", "#find=" + address));
   EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-address=\"", address, "\" data-state=\"allocated\"")));
-  // The slider moved to the first event: the page still renders a state there.
-  dom = RenderedDom(dir + "/gen.html", "#event=0");
+
+  // The slider at the peak snapshot's last event: the state the page rebuilds from the end snapshot's
+  // history is the peak snapshot's (reserved, allocated, largest free block).
+  absl::StatusOr<MemorySnapshot> peak = ReadSnapshotFile(dir + "/gen.json");
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  const std::size_t at = peak->history.size() - 1;
+  ASSERT_FALSE(s->history_overflowed);
+  // The same event (times may differ: each snapshot converts the clock when it is taken).
+  ASSERT_EQ(s->history[at].action, peak->history[at].action);
+  ASSERT_EQ(s->history[at].address, peak->history[at].address);
+  ASSERT_EQ(s->history[at].size, peak->history[at].size);
+  const SnapshotTotals totals = ComputeTotals(*peak);
+  // The viewer's largest free run: free blocks clipped to accessible mapped ranges.
+  std::uint64_t largest_free_run = 0;
+  for (const SegmentSnapshot& seg : peak->segments) {
+    std::vector<MappedRange> ranges = seg.mapped;
+    if (!seg.expandable) ranges = {{0, seg.total_size, true}};
+    for (const BlockSnapshot& b : seg.blocks) {
+      for (const MappedRange& r : ranges) {
+        const std::uint64_t lo = std::max(b.address, seg.address + r.offset);
+        const std::uint64_t hi = std::min(b.address + b.size, seg.address + r.offset + r.size);
+        if (b.state == BlockState::kFree && r.accessible && lo < hi) {
+          largest_free_run = std::max(largest_free_run, hi - lo);
+        }
+      }
+    }
+  }
+  dom = ResultTags(RenderedDom(dir + "/gen.html", absl::StrCat("#event=", at)));
   EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
-  EXPECT_THAT(dom, HasSubstr("event 0 / "));
+  EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-reserved=\"", totals.reserved_bytes, "\" data-allocated=\"",
+                                          totals.allocated_bytes, "\" data-largest-free=\"", largest_free_run,
+                                          "\" data-event=\"", at, "\"")));
 }
 
 // A million history events (the viewer decimates for drawing and keeps every event in its model): the page
@@ -156,7 +200,7 @@ TEST(ViewerBrowserTest, MillionEventHistory) {
   ASSERT_TRUE(WriteFileBytes(dir + "/big.html", tools::RenderHtml(s, "big")).ok());
   const int last_slot = (kSteps - 1) % kSlots;
   const std::string address = absl::StrCat("0x", absl::Hex(kBase + last_slot * kSlot));
-  const std::string dom = RenderedDom(dir + "/big.html", absl::StrCat("#find=", address));
+  const std::string dom = ResultTags(RenderedDom(dir + "/big.html", absl::StrCat("#find=", address)));
   EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-events=\"", s.history.size(), "\"")));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-address=\"", address, "\" data-state=\"allocated\"")));
