@@ -22,6 +22,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::MakeFixtureSnapshot;
+using ::testing::Not;
 
 using Run = testing::CommandRun;
 using testing::RunCommand;
@@ -157,6 +158,76 @@ TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-reserved=\"", totals.reserved_bytes, "\" data-allocated=\"",
                                           totals.allocated_bytes, "\" data-largest-free=\"", largest_free_run,
                                           "\" data-event=\"", at, "\"")));
+}
+
+// Mouse and controls, driven by a script appended to the page: hover and click on the timeline (the
+// allocation under the pointer becomes the selected block), hover and click on the segment map, the
+// slider, zoom, the pool filter and the peak button; any exception ends up in #probe (and a script error in
+// body[data-status]).
+constexpr char kProbe[] = R"(<script>
+(function () {
+  var out = [];
+  try {
+    var tl = document.getElementById('timeline'), sm = document.getElementById('segmap');
+    var text = function (id) { return document.getElementById(id).textContent.split('\n')[0]; };
+    var fire = function (el, type, x, y, deltaY) {
+      var b = el.getBoundingClientRect(), o = {clientX: b.left + x, clientY: b.top + y, deltaY: deltaY};
+      el.dispatchEvent(type === 'wheel' ? new WheelEvent(type, o) : new MouseEvent(type, o));
+    };
+    fire(tl, 'mousemove', tl.width / 3, tl.height - 40);
+    out.push('timeline tip: ' + text('tip'));
+    fire(tl, 'click', tl.width / 3, tl.height - 40);
+    out.push('timeline click: ' + text('details'));
+    fire(sm, 'mousemove', 100, 12);
+    out.push('segment tip: ' + text('tip'));
+    fire(sm, 'click', 100, 12);
+    out.push('segment click: ' + text('details'));
+    var slider = document.getElementById('slider');
+    slider.value = 100;
+    slider.dispatchEvent(new Event('input'));
+    out.push('slider: ' + text('state'));
+    fire(tl, 'wheel', 300, 100, -100);
+    fire(tl, 'dblclick', 300, 100);
+    var pool = document.getElementById('pool');
+    pool.value = '0';
+    pool.dispatchEvent(new Event('change'));
+    document.getElementById('peak').click();
+    out.push('peak: ' + document.getElementById('state').getAttribute('data-event'));
+  } catch (e) {
+    out.push('exception: ' + e);
+  }
+  var pre = document.createElement('pre');
+  pre.id = 'probe';
+  pre.textContent = out.join('\n');
+  document.body.appendChild(pre);
+})();
+</script>)";
+
+TEST(ViewerBrowserTest, MouseAndControls) {
+  ASSERT_TRUE(HaveChromium());
+  const std::string dir = testing::TestDir();
+  Cli(absl::StrCat("replay --device sim ", GRAPHALLOC_SOURCE_DIR, "/traces/gpt2_train.csv.gz --snapshot ",
+                   dir, "/train.json"));
+  absl::StatusOr<MemorySnapshot> end = ReadSnapshotFile(dir + "/train.end.json");
+  ASSERT_TRUE(end.ok()) << end.status();
+  absl::StatusOr<MemorySnapshot> peak = ReadSnapshotFile(dir + "/train.json");
+  ASSERT_TRUE(peak.ok()) << peak.status();
+  std::string html = tools::RenderHtml(*end, "train");
+  html.insert(html.rfind("</body>"), kProbe);
+  ASSERT_TRUE(WriteFileBytes(dir + "/train.html", html).ok());
+  const std::string dom = RenderedDom(dir + "/train.html", "");
+  const std::size_t from = dom.find("<pre id=\"probe\">"), to = dom.find("</pre>", from);
+  ASSERT_NE(from, std::string::npos) << ResultTags(dom);
+  const std::string probe = dom.substr(from, to - from);
+  EXPECT_THAT(ResultTags(dom), HasSubstr("data-status=\"ok\""));
+  EXPECT_THAT(probe, Not(HasSubstr("exception")));
+  EXPECT_THAT(probe, HasSubstr("timeline tip: allocation 0x"));
+  EXPECT_THAT(probe, HasSubstr("timeline click: block 0x"));
+  EXPECT_THAT(probe, HasSubstr("segment tip: block 0x"));
+  EXPECT_THAT(probe, HasSubstr("segment click: block 0x"));
+  EXPECT_THAT(probe, HasSubstr("slider: event 100 / "));
+  // The peak button goes to the event the peak snapshot was taken after.
+  EXPECT_THAT(probe, HasSubstr(absl::StrCat("peak: ", peak->history.size() - 1)));
 }
 
 // A million history events (the viewer decimates for drawing and keeps every event in its model): the page
