@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,20 @@ std::string Cli(const std::string& args) {
   return r.output;
 }
 
+// Replays gpt2_train on the simulated device with --snapshot: DIR/train.json (the peak) and
+// DIR/train.end.json.
+void ReplayGpt2Train(const std::string& dir, MemorySnapshot* peak, MemorySnapshot* end) {
+  Cli(absl::StrCat("replay --device sim ", GRAPHALLOC_SOURCE_DIR, "/traces/gpt2_train.csv.gz --snapshot ",
+                   dir, "/train.json"));
+  absl::StatusOr<MemorySnapshot> p = ReadSnapshotFile(dir + "/train.json");
+  absl::StatusOr<MemorySnapshot> e = ReadSnapshotFile(dir + "/train.end.json");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_FALSE(e->history.empty());
+  *peak = *std::move(p);
+  *end = *std::move(e);
+}
+
 TEST(ViewerBrowserTest, FixtureRendersAndFindsBlockByAddress) {
   ASSERT_TRUE(HaveChromium());
   const std::string dir = testing::TestDir();
@@ -101,11 +116,10 @@ TEST(ViewerBrowserTest, FixtureRendersAndFindsBlockByAddress) {
 TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
   ASSERT_TRUE(HaveChromium());
   const std::string dir = testing::TestDir();
-  Cli(absl::StrCat("replay --device sim ", GRAPHALLOC_SOURCE_DIR, "/traces/gpt2_train.csv.gz --snapshot ",
-                   dir, "/gen.json"));
-  absl::StatusOr<MemorySnapshot> s = ReadSnapshotFile(dir + "/gen.end.json");
-  ASSERT_TRUE(s.ok()) << s.status();
-  ASSERT_FALSE(s->history.empty());
+  MemorySnapshot peak_snapshot, end_snapshot;
+  ASSERT_NO_FATAL_FAILURE(ReplayGpt2Train(dir, &peak_snapshot, &end_snapshot));
+  const MemorySnapshot* s = &end_snapshot;
+  const MemorySnapshot* peak = &peak_snapshot;
   std::uint64_t known = 0;
   for (const SegmentSnapshot& seg : s->segments) {
     for (const BlockSnapshot& b : seg.blocks) {
@@ -115,13 +129,13 @@ TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
   ASSERT_NE(known, 0u);
   const std::string address = absl::StrCat("0x", absl::Hex(known));
 
-  Cli(absl::StrCat("snapshot plot ", dir, "/gen.end.json -o ", dir, "/gen.html"));
+  Cli(absl::StrCat("snapshot plot ", dir, "/train.end.json -o ", dir, "/gen.html"));
   std::string dom = ResultTags(RenderedDom(dir + "/gen.html", "#find=" + address));
   EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-events=\"", s->history.size(), "\"")));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-address=\"", address, "\" data-state=\"allocated\"")));
 
-  Cli(absl::StrCat("snapshot export-torch ", dir, "/gen.end.json -o ", dir, "/gen.pickle"));
+  Cli(absl::StrCat("snapshot export-torch ", dir, "/train.end.json -o ", dir, "/gen.pickle"));
   Cli(absl::StrCat("snapshot plot ", dir, "/gen.pickle -o ", dir, "/torch.html"));
   dom = ResultTags(RenderedDom(dir + "/torch.html", "#find=" + address));
   EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
@@ -129,8 +143,6 @@ TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
 
   // The slider at the peak snapshot's last event: the state the page rebuilds from the end snapshot's
   // history is the peak snapshot's (reserved, allocated, largest free block).
-  absl::StatusOr<MemorySnapshot> peak = ReadSnapshotFile(dir + "/gen.json");
-  ASSERT_TRUE(peak.ok()) << peak.status();
   const std::size_t at = peak->history.size() - 1;
   ASSERT_FALSE(s->history_overflowed);
   // The same event (times may differ: each snapshot converts the clock when it is taken).
@@ -206,13 +218,9 @@ constexpr char kProbe[] = R"(<script>
 TEST(ViewerBrowserTest, MouseAndControls) {
   ASSERT_TRUE(HaveChromium());
   const std::string dir = testing::TestDir();
-  Cli(absl::StrCat("replay --device sim ", GRAPHALLOC_SOURCE_DIR, "/traces/gpt2_train.csv.gz --snapshot ",
-                   dir, "/train.json"));
-  absl::StatusOr<MemorySnapshot> end = ReadSnapshotFile(dir + "/train.end.json");
-  ASSERT_TRUE(end.ok()) << end.status();
-  absl::StatusOr<MemorySnapshot> peak = ReadSnapshotFile(dir + "/train.json");
-  ASSERT_TRUE(peak.ok()) << peak.status();
-  std::string html = tools::RenderHtml(*end, "train");
+  MemorySnapshot peak, end;
+  ASSERT_NO_FATAL_FAILURE(ReplayGpt2Train(dir, &peak, &end));
+  std::string html = tools::RenderHtml(end, "train");
   html.insert(html.rfind("</body>"), kProbe);
   ASSERT_TRUE(WriteFileBytes(dir + "/train.html", html).ok());
   const std::string dom = RenderedDom(dir + "/train.html", "");
@@ -227,7 +235,7 @@ TEST(ViewerBrowserTest, MouseAndControls) {
   EXPECT_THAT(probe, HasSubstr("segment click: block 0x"));
   EXPECT_THAT(probe, HasSubstr("slider: event 100 / "));
   // The peak button goes to the event the peak snapshot was taken after.
-  EXPECT_THAT(probe, HasSubstr(absl::StrCat("peak: ", peak->history.size() - 1)));
+  EXPECT_THAT(probe, HasSubstr(absl::StrCat("peak: ", peak.history.size() - 1)));
 }
 
 // A million history events (the viewer decimates for drawing and keeps every event in its model): the page
