@@ -3,9 +3,7 @@
 // a snapshot whose statistics disagree with its blocks fails `check` with exit 1.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -21,22 +19,11 @@ using ::testing::HasSubstr;
 using testing::MakeFixtureSnapshot;
 using ::testing::Not;
 
-struct CliRun {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
+using CliRun = testing::CommandRun;
 
+// The CLI's stdout and stderr, and its exit code.
 CliRun Cli(const std::string& args) {
-  CliRun run;
-  const std::string command = absl::StrCat(GRAPHALLOC_CLI_PATH, " ", args, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
-  const int status = pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
+  return testing::RunCommand(absl::StrCat(GRAPHALLOC_CLI_PATH, " ", args, " 2>&1"));
 }
 
 class SnapshotCliTest : public ::testing::Test {

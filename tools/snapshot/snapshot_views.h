@@ -34,8 +34,11 @@ std::string RenderSegmentsText(const MemorySnapshot& snapshot);
 // marked.
 std::string RenderSvg(const MemorySnapshot& snapshot, absl::string_view title);
 
-// One self-contained HTML page (inline SVG, CSS and a little JavaScript; no network): the summary, the
-// picture and a block inspector.
+// One self-contained HTML page, the interactive viewer (tools/snapshot/viewer.html; inline CSS and
+// JavaScript, no network) with the snapshot embedded as compact JSON: a timeline with one band per
+// allocation over the history's events, the segment map by mapped ranges at a slider's event, pool and
+// stream filters, fragmentation at the slider, hover and click details; `#find=0x...` in the URL selects
+// the block at an address.
 std::string RenderHtml(const MemorySnapshot& snapshot, absl::string_view title);
 
 // What changed from `before` to `after`: totals, segments and allocated blocks added and removed, bytes per
