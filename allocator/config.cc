@@ -1,7 +1,11 @@
 #include "allocator/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +21,24 @@ constexpr absl::string_view kKnownKeys =
     "max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
     "garbage_collection_threshold, expandable_segments, per_process_memory_fraction, "
     "release_lock_on_cudamalloc, record_history, history_max_entries, history_stacks";
+
+// PYTORCH_CUDA_ALLOC_CONF keys of PyTorch's allocator that graphalloc has no use for: the backend choice
+// (graphalloc is the backend) and the pinned host memory allocator's settings (graphalloc allocates device
+// memory only). Each value is still checked, so a typo is an error here as it is in PyTorch.
+enum class IgnoredKind { kBackend, kBool, kCount };
+struct IgnoredKey {
+  absl::string_view key;
+  IgnoredKind kind;
+};
+constexpr IgnoredKey kPyTorchOnlyKeys[] = {
+    {"backend", IgnoredKind::kBackend},
+    {"pinned_use_cuda_host_register", IgnoredKind::kBool},
+    {"pinned_use_host_register", IgnoredKind::kBool},
+    {"pinned_num_register_threads", IgnoredKind::kCount},
+    {"pinned_use_background_threads", IgnoredKind::kBool},
+    {"pinned_reserve_segment_size_mb", IgnoredKind::kCount},
+    {"graph_capture_record_stream_reuse", IgnoredKind::kBool},
+};
 
 // Splits "a:b,c:[d:e,f]" into tokens: identifiers/numbers and the separators , : [ ].
 std::vector<std::string> Tokenize(absl::string_view text) {
@@ -142,9 +164,48 @@ std::string FormatFraction(double v) {
   return ec == std::errc() ? std::string(buffer, end) : absl::StrCat(v);
 }
 
+const IgnoredKey* FindPyTorchOnlyKey(absl::string_view key) {
+  for (const IgnoredKey& k : kPyTorchOnlyKeys) {
+    if (k.key == key) return &k;
+  }
+  return nullptr;
+}
+
+absl::Status CheckIgnoredValue(const IgnoredKey& ignored, absl::string_view value) {
+  switch (ignored.kind) {
+    case IgnoredKind::kBackend:
+      if (value == "native" || value == "cudaMallocAsync") return absl::OkStatus();
+      return BadValue(ignored.key, value, "native or cudaMallocAsync");
+    case IgnoredKind::kBool:
+      return ParseBool(ignored.key, value).status();
+    case IgnoredKind::kCount: {
+      std::uint64_t n = 0;
+      if (absl::SimpleAtoi(value, &n)) return absl::OkStatus();
+      return BadValue(ignored.key, value, "a non-negative integer");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Config> Config::Parse(absl::string_view text) {
+  std::vector<std::string> ignored;
+  absl::StatusOr<Config> config = Parse(text, &ignored);
+  if (!config.ok() || ignored.empty()) return config;
+  static std::mutex mu;
+  static std::set<std::string> warned;  // once per key and process: Parse runs per allocator
+  std::lock_guard<std::mutex> lock(mu);
+  for (const std::string& key : ignored) {
+    if (warned.insert(key).second) {
+      std::cerr << "graphalloc: config key '" << key
+                << "' is PyTorch's allocator's only; it has no effect here and is ignored\n";
+    }
+  }
+  return config;
+}
+
+absl::StatusOr<Config> Config::Parse(absl::string_view text, std::vector<std::string>* ignored) {
   Config config;
   Parser p(Tokenize(text));
   while (!p.AtEnd()) {
@@ -204,6 +265,9 @@ absl::StatusOr<Config> Config::Parse(absl::string_view text) {
       // Accepted for compatibility: graphalloc never holds its lock across a driver call.
       auto v = ParseBool(key, value);
       if (!v.ok()) return v.status();
+    } else if (const IgnoredKey* pytorch_only = FindPyTorchOnlyKey(key); pytorch_only != nullptr) {
+      if (absl::Status s = CheckIgnoredValue(*pytorch_only, value); !s.ok()) return s;
+      if (ignored != nullptr) ignored->push_back(key);
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("GRAPHALLOC_CONF: unknown key '", key, "'; known keys: ", kKnownKeys));
@@ -217,7 +281,13 @@ absl::StatusOr<Config> Config::FromEnvironment() {
   return Parse(text == nullptr ? "" : text);
 }
 
-std::string Config::ToString() const {
+namespace {
+
+// ToString()'s entries, one per key (roundup_power2_divisions' list is one entry).
+std::vector<std::string> Entries(const Config& c) {
+  const auto& [max_split_size, max_non_split_rounding_size, large_segment_size, roundup_power2_divisions,
+               garbage_collection_threshold, expandable_segments, per_process_memory_fraction, record_history,
+               history_max_entries, history_stacks] = c;
   std::vector<std::string> parts;
   if (max_split_size != std::numeric_limits<std::size_t>::max()) {
     parts.push_back(absl::StrCat("max_split_size_mb:", max_split_size / kMiB));
@@ -235,9 +305,24 @@ std::string Config::ToString() const {
   }
   parts.push_back(absl::StrCat("expandable_segments:", expandable_segments ? "True" : "False"));
   parts.push_back(absl::StrCat("per_process_memory_fraction:", FormatFraction(per_process_memory_fraction)));
-  parts.push_back(absl::StrCat("record_history:", record_history ? "True" : "False", ",history_max_entries:",
-                               history_max_entries, ",history_stacks:", history_stacks ? "True" : "False"));
-  return absl::StrJoin(parts, ",");
+  parts.push_back(absl::StrCat("record_history:", record_history ? "True" : "False"));
+  parts.push_back(absl::StrCat("history_max_entries:", history_max_entries));
+  parts.push_back(absl::StrCat("history_stacks:", history_stacks ? "True" : "False"));
+  return parts;
+}
+
+}  // namespace
+
+std::string Config::ToString() const { return absl::StrJoin(Entries(*this), ","); }
+
+std::string Config::DiffFromDefaults() const {
+  const std::vector<std::string> defaults = Entries(Config{});
+  std::vector<std::string> differ;
+  for (std::string& entry : Entries(*this)) {
+    if (std::find(defaults.begin(), defaults.end(), entry) == defaults.end())
+      differ.push_back(std::move(entry));
+  }
+  return absl::StrJoin(differ, ",");
 }
 
 }  // namespace graphalloc

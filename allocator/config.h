@@ -2,7 +2,9 @@
 //
 // The syntax is PYTORCH_CUDA_ALLOC_CONF's for the keys the two share:
 //   "expandable_segments:True,max_split_size_mb:256,roundup_power2_divisions:[64:8,256:4,>:1]"
-// Unknown keys and bad values are errors naming the key and what it accepts.
+// Unknown keys and bad values are errors naming the key and what it accepts. Keys that only PyTorch's
+// allocator has (backend, pinned_*, graph_capture_record_stream_reuse) are accepted with a warning, so a
+// PYTORCH_CUDA_ALLOC_CONF copied as it is still works.
 #ifndef GRAPHALLOC_ALLOCATOR_CONFIG_H_
 #define GRAPHALLOC_ALLOCATOR_CONFIG_H_
 
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -43,12 +46,17 @@ struct Config {
   std::size_t history_max_entries = 100000;
   bool history_stacks = false;
 
-  // Parses a configuration string; an empty string gives the defaults.
+  // Parses a configuration string; an empty string gives the defaults. PyTorch-only keys are checked and
+  // then ignored, with one line on stderr per key the first time this process sees it.
   static absl::StatusOr<Config> Parse(absl::string_view text);
+  // The same without the warning: the PyTorch-only keys that were ignored are appended to `ignored`.
+  static absl::StatusOr<Config> Parse(absl::string_view text, std::vector<std::string>* ignored);
   // Parses the GRAPHALLOC_CONF environment variable (defaults when unset).
   static absl::StatusOr<Config> FromEnvironment();
   // The configuration in the syntax Parse() reads (round-trips).
   std::string ToString() const;
+  // Only the entries that differ from Config{} in ToString()'s syntax; "" for the defaults.
+  std::string DiffFromDefaults() const;
 
   friend bool operator==(const Config&, const Config&) = default;
 };

@@ -75,8 +75,6 @@ std::string DeviceStats::ToJson() const {
       {"active_bytes", &active_bytes},
       {"inactive_split_bytes", &inactive_split_bytes},
       {"requested_bytes", &requested_bytes},
-      {"oversize_allocations", &oversize_allocations},
-      {"oversize_segments", &oversize_segments},
   };
   constexpr absl::string_view kTypes[] = {"all", "small_pool", "large_pool"};
   for (const auto& [name, array] : arrays) {
@@ -88,6 +86,16 @@ std::string DeviceStats::ToJson() const {
       add(prefix + "allocated", s.allocated);
       add(prefix + "freed", s.freed);
     }
+  }
+  // PyTorch keeps the oversize counters for all pools only, without the ".all" level.
+  for (const auto& [name, array] :
+       {std::pair<absl::string_view, const StatArray*>{"oversize_allocations", &oversize_allocations},
+        {"oversize_segments", &oversize_segments}}) {
+    const Stat& s = array->all();
+    add(absl::StrCat(name, ".current"), s.current);
+    add(absl::StrCat(name, ".peak"), s.peak);
+    add(absl::StrCat(name, ".allocated"), s.allocated);
+    add(absl::StrCat(name, ".freed"), s.freed);
   }
   add("num_alloc_retries", num_alloc_retries);
   add("num_ooms", num_ooms);

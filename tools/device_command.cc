@@ -3,7 +3,8 @@
 // Finds a device (the real GPU when CudaDriver::Create(0) works; otherwise, with --device auto, the simulated
 // one), prints what it is and its memory, and runs one VMM round trip (reserve, create, map, set access,
 // write a pattern, read it back, unmap, release, free) so a broken driver setup shows up here rather than
-// inside a training job.
+// inside a training job. The allocator configuration (--config, else GRAPHALLOC_CONF) is checked too, so a
+// typo in it shows up here: a bad one exits 2 naming the key.
 #include "tools/device_command.h"
 
 #include <cstdint>
@@ -17,25 +18,20 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "allocator/device/cuda_driver.h"
 #include "allocator/device/driver.h"
 #include "allocator/device/sim_driver.h"
+#include "tools/cli_common.h"
+#include "tools/snapshot/snapshot_views.h"
 
 namespace graphalloc::tools {
 namespace {
 
 struct DeviceOptions {
   std::string device = "auto";
+  std::string config;
   bool json = false;
 };
-
-std::string GiB(std::size_t bytes) {
-  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
-}
-std::string MiB(std::size_t bytes) {
-  return absl::StrFormat("%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-}
 
 // Reserve, create, map, set access, write a pattern, read it back, then undo it all in reverse order. Undo
 // runs also after a failure, so the check leaves nothing behind; the first error is the one reported.
@@ -74,6 +70,11 @@ absl::Status VmmRoundTrip(Driver& driver) {
 
 // Runs the self-check and prints it; returns the exit code (0 ok, 1 failed check).
 int RunDeviceCheck(const DeviceOptions& options) {
+  absl::StatusOr<Config> config = ResolveConfig(options.config);
+  if (!config.ok()) {
+    std::cerr << "graphalloc device: " << config.status().message() << "\n";
+    return kExitBadInput;
+  }
   std::unique_ptr<Driver> driver;
   std::string no_gpu;  // why the real GPU was not used (with --device auto)
   std::optional<int> device_count;
@@ -119,6 +120,7 @@ int RunDeviceCheck(const DeviceOptions& options) {
         {"granularity_bytes", info.granularity},
         {"recommended_granularity_bytes", info.recommended_granularity},
         {"vmm_round_trip", round_trip.ok() ? "ok" : std::string(round_trip.message())},
+        {"config", config->ToString()},
     };
     if (memory.ok()) {
       out["free_memory_bytes"] = memory->free;
@@ -148,14 +150,17 @@ int RunDeviceCheck(const DeviceOptions& options) {
                        : "n/a")
             << "\n";
   if (memory.ok()) {
-    std::cout << "Memory: " << GiB(info.total_memory) << " total, " << GiB(memory->free) << " free\n";
+    std::cout << "Memory: " << FormatBytes(info.total_memory) << " total, " << FormatBytes(memory->free)
+              << " free\n";
   } else {
-    std::cout << "Memory: " << GiB(info.total_memory) << " total, free unknown (" << memory.status().message()
-              << ")\n";
+    std::cout << "Memory: " << FormatBytes(info.total_memory) << " total, free unknown ("
+              << memory.status().message() << ")\n";
   }
-  std::cout << "VMM granularity: " << MiB(info.granularity) << " (recommended "
-            << MiB(info.recommended_granularity) << ")\n";
+  std::cout << "VMM granularity: " << FormatBytes(info.granularity) << " (recommended "
+            << FormatBytes(info.recommended_granularity) << ")\n";
   std::cout << "VMM round trip: " << (round_trip.ok() ? "ok" : std::string(round_trip.message())) << "\n";
+  if (!config->DiffFromDefaults().empty())
+    std::cout << "Config: " << DescribeConfig(*config, options.config) << "\n";
   return ok ? 0 : 1;
 }
 
@@ -169,6 +174,8 @@ void AddDeviceCommand(CLI::App& app) {
       ->add_option("--device", options->device, "auto (the GPU if there is one, else simulated), cuda or sim")
       ->check(CLI::IsMember({"auto", "cuda", "sim"}))
       ->capture_default_str();
+  command->add_option("--config", options->config,
+                      "Allocator configuration to check, GRAPHALLOC_CONF syntax; overrides GRAPHALLOC_CONF");
   command->add_flag("--json", options->json, "Print the result as JSON");
   command->callback([options] {
     if (int code = RunDeviceCheck(*options); code != 0) throw CLI::RuntimeError(code);

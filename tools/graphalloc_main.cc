@@ -1,27 +1,57 @@
 // The graphalloc command-line tool: main() only wires the subcommands together.
 //
 // Each subcommand lives in its own file and registers itself onto the CLI11 app (AddXCommand(app)). Its
-// callback prints its result and reports failure by throwing CLI::RuntimeError(code). Exit codes, for every
-// subcommand: 0 ok, 1 a failed check or operation, 2 bad input (unknown option, bad value, missing argument).
+// callback prints its result and reports failure by throwing CLI::RuntimeError(code); the exit codes are
+// tools/cli_common.h's, the same for every subcommand.
 #include <CLI/CLI.hpp>
+#include <iostream>
+#include <string>
 
+#include "allocator/c_api/graphalloc.h"
+#include "tools/cli_common.h"
 #include "tools/device_command.h"
 #include "tools/replay_command.h"
 #include "tools/snapshot_command.h"
 
 namespace {
 
-constexpr int kExitBadInput = 2;
+// The first word that names no subcommand where one is required ("graphalloc help", "graphalloc
+// snapshot sumary"), or "" when there is none. CLI11 would report "A subcommand is required" instead.
+std::string UnknownSubcommand(CLI::App& app, int argc, char** argv, std::string* path) {
+  CLI::App* current = &app;
+  *path = "graphalloc";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] == '-') return "";
+    const std::vector<CLI::App*> found =
+        current->get_subcommands([&word](CLI::App* sub) { return sub->check_name(word); });
+    if (found.empty()) return current->get_subcommands({}).empty() ? "" : word;
+    current = found.front();
+    *path += " " + current->get_name();
+  }
+  return "";
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "graphalloc: a caching CUDA memory allocator with private pools; inspection and self-check tool"};
+      "graphalloc: a caching CUDA memory allocator with private pools; inspection and self-check tool\n"
+      "Exit codes: 0 ok, 1 a failed check (snapshot check, a replay out of memory, the device check), "
+      "2 bad input or usage (also an output that cannot be written)"};
   app.require_subcommand(1);
+  app.set_version_flag("-V,--version", graphalloc_version(), "Print the version and exit");
+  CLI::App* version = app.add_subcommand("version", "Print the version");
+  version->callback([] { std::cout << graphalloc_version() << "\n"; });
   graphalloc::tools::AddDeviceCommand(app);
   graphalloc::tools::AddReplayCommand(app);
   graphalloc::tools::AddSnapshotCommand(app);
+
+  std::string path;
+  if (const std::string unknown = UnknownSubcommand(app, argc, argv, &path); !unknown.empty()) {
+    std::cerr << path << ": unknown subcommand '" << unknown << "'; run " << path << " --help\n";
+    return graphalloc::tools::kExitBadInput;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {  // a subcommand's own failure: it has printed why
@@ -34,7 +64,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);  // prints what was wrong with the command line
-    return kExitBadInput;
+    return graphalloc::tools::kExitBadInput;
   }
-  return 0;
+  return graphalloc::tools::kExitOk;
 }

@@ -1,12 +1,14 @@
 // `graphalloc replay TRACE [--device auto|sim|cuda] [--config STR] [--capacity BYTES] [--find-min-capacity]
-//                   [--json]`
+//                   [--json] [--snapshot OUT.json [--history-max N]]`
 //
 // Reads the trace (plain or gzip'd CSV), replays it through a fresh CachingAllocator on a fresh device and
 // prints the trace, the device, the config, events, peak live and peak reserved bytes, their ratio, whether
 // it completed and the time per allocator operation. --capacity makes the device that small (the simulated
 // device's capacity, rounded up to its 2 MiB granularity; a memory limit on the real one).
 // --find-min-capacity searches, in 2 MiB steps, for the smallest capacity at which the replay completes.
-// Exit codes: 0 completed, 1 not completed (out of memory) or a failure, 2 bad input.
+// The allocator's configuration is --config, else GRAPHALLOC_CONF, else the defaults.
+// Exit codes (tools/cli_common.h): 0 completed, 1 not completed (out of memory) or no usable GPU, 2 bad input
+// (a bad trace, flag or configuration, a snapshot that cannot be written).
 #include "tools/replay_command.h"
 
 #include <algorithm>
@@ -33,13 +35,16 @@
 #include "allocator/snapshot/snapshot_json.h"
 #include "allocator/trace/trace_reader.h"
 #include "allocator/trace/trace_replay.h"
+#include "tools/cli_common.h"
+#include "tools/snapshot/snapshot_views.h"
 
 namespace graphalloc::tools {
 namespace {
 
-constexpr int kExitNotCompleted = 1;
-constexpr int kExitBadInput = 2;
+constexpr int kExitNotCompleted = kExitFailed;
 constexpr std::size_t kCapacityStep = 2 * kMiB;  // the H100's (and the simulated device's) granularity
+// History a --snapshot keeps unless told otherwise: every event of a 3M-event trace made 500 MB snapshots.
+constexpr std::size_t kDefaultHistoryMax = 100000;
 
 struct ReplayCliOptions {
   std::string trace;
@@ -49,6 +54,7 @@ struct ReplayCliOptions {
   bool find_min_capacity = false;
   bool json = false;
   std::string snapshot;  // write snapshots at the peak (this path) and at the end (".end" inserted)
+  std::size_t history_max = kDefaultHistoryMax;  // history events a snapshot keeps (the newest)
 };
 
 // Where the snapshot taken at `label` goes: the path itself for the peak, "x.end.json" for the end.
@@ -59,10 +65,6 @@ std::string SnapshotPath(const std::string& path, absl::string_view label) {
   if (dot == std::string::npos || (slash != std::string::npos && dot < slash))
     return absl::StrCat(path, ".", label);
   return absl::StrCat(path.substr(0, dot), ".", label, path.substr(dot));
-}
-
-std::string MiB(std::uint64_t bytes) {
-  return absl::StrFormat("%.2f MiB", static_cast<double>(bytes) / static_cast<double>(kMiB));
 }
 
 std::size_t RoundUp(std::size_t bytes, std::size_t step) { return (bytes + step - 1) / step * step; }
@@ -164,25 +166,28 @@ void PrintText(const ReplayCliOptions& options, const Trace& trace, const std::s
                const std::optional<MinCapacity>& min) {
   const ReplayResult& r = run.result;
   std::cout << "Trace:         " << trace.name << " (" << options.trace << ")\n";
-  std::cout << "Device:        " << run.device_name << " (" << kind << "), " << MiB(run.device_total)
+  std::cout << "Device:        " << run.device_name << " (" << kind << "), " << FormatBytes(run.device_total)
             << " total";
-  if (kind == "cuda" && run.device_free.has_value()) std::cout << ", " << MiB(*run.device_free) << " free";
+  if (kind == "cuda" && run.device_free.has_value())
+    std::cout << ", " << FormatBytes(*run.device_free) << " free";
   std::cout << "\n";
   if (!no_gpu.empty()) std::cout << "No GPU used:   " << no_gpu << "\n";
   if (run.effective_capacity != 0) {
-    std::cout << "Capacity:      " << MiB(run.effective_capacity) << " (" << run.effective_capacity
+    std::cout << "Capacity:      " << FormatBytes(run.effective_capacity) << " (" << run.effective_capacity
               << " bytes)";
     if (kind == "cuda" && run.device_free.has_value() && *run.device_free < run.effective_capacity) {
-      std::cout << "; note: only " << MiB(*run.device_free) << " of the device is free";
+      std::cout << "; note: only " << FormatBytes(*run.device_free) << " of the device is free";
     }
     std::cout << "\n";
   }
-  std::cout << "Config:        " << config.ToString() << (options.config.empty() ? " (defaults)" : "")
-            << "\n";
+  std::cout << "Config:        " << DescribeConfig(config, options.config) << "\n";
   std::cout << "Events:        " << r.events << " of " << trace.events.size() << " (" << r.allocs
             << " allocs, " << r.frees << " frees)\n";
-  std::cout << "Peak live:     " << MiB(r.peak_live_bytes) << " (" << r.peak_live_bytes << " bytes)\n";
-  std::cout << "Peak reserved: " << MiB(r.peak_reserved_bytes) << " (" << r.peak_reserved_bytes
+  std::cout << "Peak live:     " << FormatBytes(r.peak_live_bytes) << " (" << r.peak_live_bytes << " bytes)";
+  if (!r.completed)
+    std::cout << " up to the stop; the whole trace's: " << FormatBytes(r.trace_peak_live_bytes);
+  std::cout << "\n";
+  std::cout << "Peak reserved: " << FormatBytes(r.peak_reserved_bytes) << " (" << r.peak_reserved_bytes
             << " bytes)\n";
   std::cout << "Ratio:         " << absl::StrFormat("%.3f", r.ratio) << "\n";
   if (r.completed) {
@@ -194,7 +199,7 @@ void PrintText(const ReplayCliOptions& options, const Trace& trace, const std::s
   std::cout << "Time per op:   " << absl::StrFormat("%.1f ns", r.ns_per_op)
             << absl::StrFormat(" (replay loop %.3f s)", r.wall_seconds) << "\n";
   if (min.has_value()) {
-    std::cout << "Min capacity:  " << MiB(min->bytes) << " = " << absl::StrFormat("%.3f", min->ratio)
+    std::cout << "Min capacity:  " << FormatBytes(min->bytes) << " = " << absl::StrFormat("%.3f", min->ratio)
               << " x peak live (" << min->probes << " probes, " << absl::StrFormat("%.1f s", min->seconds)
               << ")\n";
   }
@@ -218,6 +223,7 @@ void PrintJson(const ReplayCliOptions& options, const Trace& trace, const std::s
       {"allocs", r.allocs},
       {"frees", r.frees},
       {"peak_live_bytes", r.peak_live_bytes},
+      {"trace_peak_live_bytes", r.trace_peak_live_bytes},
       {"peak_reserved_bytes", r.peak_reserved_bytes},
       {"ratio", r.ratio},
       {"completed", r.completed},
@@ -244,10 +250,13 @@ int RunReplay(const ReplayCliOptions& options) {
     std::cerr << "graphalloc replay: " << message << "\n";
     return code;
   };
-  absl::StatusOr<Trace> trace = ReadTrace(options.trace);
+  absl::StatusOr<Config> config = ResolveConfig(options.config);
+  if (!config.ok()) return fail(kExitBadInput, config.status().message());
+  absl::StatusOr<Trace> trace = [&] {
+    Progress progress("graphalloc replay: reading the trace");
+    return ReadTrace(options.trace);
+  }();
   if (!trace.ok()) return fail(kExitBadInput, trace.status().message());
-  absl::StatusOr<Config> config = Config::Parse(options.config);
-  if (!config.ok()) return fail(kExitBadInput, absl::StrCat("--config: ", config.status().message()));
   std::size_t capacity = 0;
   if (!options.capacity.empty()) {
     absl::StatusOr<std::size_t> parsed = ParseByteSize(options.capacity);
@@ -258,8 +267,8 @@ int RunReplay(const ReplayCliOptions& options) {
   absl::StatusOr<std::string> kind = ChooseDevice(options.device, &no_gpu);
   if (!kind.ok()) return fail(kExitNotCompleted, kind.status().message());
 
-  // With --snapshot the run records its history (all of it, unless the configuration says otherwise) and
-  // writes the allocator's state at the peak and at the end.
+  // With --snapshot the run records its history (the newest --history-max events, unless the configuration
+  // records history itself) and writes the allocator's state at the peak and at the end.
   ReplayOptions replay_options;
   std::vector<std::string> written;
   absl::Status snapshot_error;
@@ -267,7 +276,7 @@ int RunReplay(const ReplayCliOptions& options) {
   if (!options.snapshot.empty()) {
     if (!run_config.record_history) {
       run_config.record_history = true;
-      run_config.history_max_entries = std::max<std::size_t>(2 * trace->events.size() + 16, 1024);
+      run_config.history_max_entries = options.history_max;
     }
     replay_options.snapshot_hook = [&](absl::string_view label, CachingAllocator& allocator) {
       const std::string path = SnapshotPath(options.snapshot, label);
@@ -279,15 +288,19 @@ int RunReplay(const ReplayCliOptions& options) {
       }
     };
   }
-  absl::StatusOr<Probe> run = RunProbe(*trace, DeviceSetup{*kind, capacity}, run_config, replay_options);
+  absl::StatusOr<Probe> run = [&] {
+    Progress progress(absl::StrCat("graphalloc replay: replaying ", trace->events.size(), " events"));
+    return RunProbe(*trace, DeviceSetup{*kind, capacity}, run_config, replay_options);
+  }();
   if (!run.ok()) {
     return fail(absl::IsInvalidArgument(run.status()) ? kExitBadInput : kExitNotCompleted,
                 run.status().message());
   }
   if (!snapshot_error.ok())
-    return fail(kExitBadInput, absl::StrCat("--snapshot: ", snapshot_error.message()));
+    return fail(kExitCannotWrite, absl::StrCat("--snapshot: ", snapshot_error.message()));
   std::optional<MinCapacity> min;
   if (options.find_min_capacity && run->result.completed) {
+    Progress progress("graphalloc replay: searching for the smallest capacity");
     absl::StatusOr<MinCapacity> found = FindMinCapacity(*trace, *kind, *config, run->result);
     if (!found.ok())
       return fail(kExitNotCompleted, absl::StrCat("--find-min-capacity: ", found.status().message()));
@@ -334,9 +347,13 @@ absl::StatusOr<std::size_t> ParseByteSize(absl::string_view text) {
         "\"512KiB\", \"2GB\")"));
   }
   const double bytes = std::ceil(value * found->multiplier);
-  if (bytes <= 0 || bytes > 0x1p63) {
+  if (bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", original, "' is not a usable capacity (must be > 0)"));
+  }
+  if (bytes > 0x1p63) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", original, "' is out of range (at most 8 EiB, 9223372036854775808 bytes)"));
   }
   std::uint64_t exact = 0;
   if (integral && found->multiplier == 1) {
@@ -360,7 +377,8 @@ void AddReplayCommand(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "sim", "cuda"}))
       ->capture_default_str();
   command->add_option("--config", options->config,
-                      "Allocator configuration, GRAPHALLOC_CONF syntax (\"max_split_size_mb:256,...\")");
+                      "Allocator configuration, GRAPHALLOC_CONF syntax (\"max_split_size_mb:256,...\"); "
+                      "overrides GRAPHALLOC_CONF, which applies otherwise");
   CLI::Option* capacity = command->add_option(
       "--capacity", options->capacity,
       "Device capacity: bytes or a size with a unit (7.5GiB, 300MiB); rounded up to 2 MiB on the simulated "
@@ -373,6 +391,13 @@ void AddReplayCommand(CLI::App& app) {
   command->add_option("--snapshot", options->snapshot,
                       "Write the allocator's state (with its history) at the trace's peak to this JSON file, "
                       "and at the end to the same name with .end inserted (x.json, x.end.json)");
+  command
+      ->add_option(
+          "--history-max", options->history_max,
+          "With --snapshot: keep the newest N history events; older ones are dropped and the snapshot "
+          "says so (keeping every event of a 3M-event trace made snapshots of 530 MB)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 32))
+      ->capture_default_str();
   command->callback([options] {
     if (int code = RunReplay(*options); code != 0) throw CLI::RuntimeError(code);
   });

@@ -12,12 +12,12 @@
 namespace graphalloc::tools {
 
 // Registers the `snapshot` subcommand group on `app`. A callback prints its result and throws
-// CLI::RuntimeError(1) for a failed check or a failed write, CLI::RuntimeError(2) for bad input (missing,
-// corrupt, truncated or wrong-version files).
+// CLI::RuntimeError(1) for a failed check, CLI::RuntimeError(2) for bad input (missing, corrupt, truncated
+// or wrong-version files) or an output that cannot be written.
 void AddSnapshotCommand(CLI::App& app);
 
-// Reads a snapshot file: graphalloc JSON, or a PyTorch memory snapshot pickle (recognized by its first
-// byte, the pickle PROTO opcode).
+// Reads a snapshot file ("-": stdin): graphalloc JSON, or a PyTorch memory snapshot pickle (recognized by
+// its first byte, the pickle PROTO opcode).
 absl::StatusOr<MemorySnapshot> LoadAnySnapshot(const std::string& path);
 
 }  // namespace graphalloc::tools

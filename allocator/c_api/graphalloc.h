@@ -111,8 +111,8 @@ int graphalloc_begin_allocate_to_pool_for_stream(int device, uint64_t pool, grap
  * streams too), until graphalloc_end_route. FAILED_PRECONDITION if the stream is not capturing. While it is
  * open the allocator is in capture mode (no event queries, cross-stream frees deferred, nothing freed to the
  * device). */
-int graphalloc_begin_allocate_to_pool_for_capture(int device, uint64_t pool, graphalloc_stream capturing_stream,
-                                                  uint64_t* route);
+int graphalloc_begin_allocate_to_pool_for_capture(int device, uint64_t pool,
+                                                  graphalloc_stream capturing_stream, uint64_t* route);
 /* Route to `pool` every allocation made by the calling thread, until graphalloc_end_route. */
 int graphalloc_begin_allocate_to_pool_for_thread(int device, uint64_t pool, uint64_t* route);
 /* Route to `pool` the allocations on the streams for which predicate(context, stream) is nonzero, until
@@ -133,6 +133,9 @@ int graphalloc_pool_empty_cache(int device, uint64_t pool);
  * graphalloc_pool_unpin(*pin), even when the pool has no user left. */
 int graphalloc_pool_pin_for_graph(int device, uint64_t pool, uint64_t* pin);
 int graphalloc_pool_unpin(uint64_t pin);
+
+/* "graphalloc X.Y.Z": the library's version (the CMake project's), as `graphalloc --version` prints it. */
+const char* graphalloc_version(void);
 
 /* The calling thread's last error message ("" if none); valid until the thread's next graphalloc call. */
 const char* graphalloc_last_error(void);

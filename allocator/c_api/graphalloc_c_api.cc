@@ -212,6 +212,8 @@ void graphalloc_torch_set_memory_fraction(double fraction, int device) {
   }
 }
 
+const char* graphalloc_version(void) { return "graphalloc " GRAPHALLOC_VERSION; }
+
 const char* graphalloc_last_error(void) { return graphalloc::c_api::LastError().c_str(); }
 
 }  // extern "C"

@@ -1,10 +1,12 @@
 // SnapshotFromTorchPickle of torch_snapshot.h: walks the unpickled dicts with a path for every value.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "allocator/snapshot/pickle.h"
 #include "allocator/snapshot/torch_snapshot.h"
 
@@ -238,16 +240,18 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
     if (!d.ok()) return d.status();
     GA_RETURN_IF_ERROR(d->Int("device", &segment_devices[i], false));
   }
+  // The devices with data: a segment, or a non-empty trace.
+  std::set<std::int64_t> present(segment_devices.begin(), segment_devices.end());
+  for (std::size_t t = 0; *traces != nullptr && t < (*traces)->items.size(); ++t) {
+    const PickleValue& list = (*traces)->items[t];
+    if (list.IsSequence() && !list.node->items.empty()) present.insert(static_cast<std::int64_t>(t));
+  }
   if (device < 0) {
-    std::int64_t lowest = -1;
-    for (std::int64_t d : segment_devices) lowest = lowest < 0 ? d : std::min(lowest, d);
-    for (std::size_t t = 0; *traces != nullptr && t < (*traces)->items.size(); ++t) {
-      const PickleValue& list = (*traces)->items[t];
-      if (list.IsSequence() && !list.node->items.empty()) {
-        lowest = lowest < 0 ? static_cast<std::int64_t>(t) : std::min(lowest, static_cast<std::int64_t>(t));
-      }
-    }
-    device = static_cast<int>(std::max<std::int64_t>(lowest, 0));
+    device = present.empty() ? 0 : static_cast<int>(std::max<std::int64_t>(*present.begin(), 0));
+  } else if (!present.contains(device)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", device, " has no segments or trace entries in this snapshot; devices present: ",
+        present.empty() ? std::string("none") : absl::StrJoin(present, ", ")));
   }
   out->device.ordinal = device;
 

@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -216,6 +217,11 @@ absl::StatusOr<std::string> GunzipBytes(absl::string_view gz, absl::string_view 
 }
 
 absl::StatusOr<Trace> ReadTrace(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    // An ifstream opens a directory and its first read throws std::ios_failure.
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory; give a trace file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open the trace: ", std::strerror(errno)));

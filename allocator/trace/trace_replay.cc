@@ -100,10 +100,16 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, CachingAllocator& a
   if (!summary.ok()) return summary.status();
 
   ReplayResult result;
-  result.peak_live_bytes = summary->peak_live_bytes;
+  result.trace_peak_live_bytes = summary->peak_live_bytes;
+  std::uint64_t live_bytes = 0;  // of the blocks the replay holds, for the peak up to a stop
+  std::uint64_t peak_live_bytes = 0;
   Driver& driver = allocator.driver();
   StreamMap streams(driver);
-  absl::flat_hash_map<std::uint64_t, DevicePtr> live;  // trace address -> graphalloc pointer
+  struct LiveBlock {
+    DevicePtr ptr;
+    std::uint64_t size;
+  };
+  absl::flat_hash_map<std::uint64_t, LiveBlock> live;  // trace address -> graphalloc pointer
   live.reserve(std::min<std::size_t>(summary->allocs, 1 << 20));
 
   allocator.ResetPeakStats();
@@ -134,7 +140,9 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, CachingAllocator& a
         }
         break;
       }
-      live.emplace(e.addr, *ptr);
+      live.emplace(e.addr, LiveBlock{*ptr, e.size});
+      live_bytes += e.size;
+      peak_live_bytes = std::max(peak_live_bytes, live_bytes);
       if (options.snapshot_hook && i == summary->peak_live_event) options.snapshot_hook("peak", allocator);
       if (options.touch_memory) {
         if (absl::Status s = Touch(driver, *ptr, e.size, *stream); !s.ok()) {
@@ -144,7 +152,8 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, CachingAllocator& a
       }
     } else if (e.action == TraceAction::kFreeCompleted) {
       auto it = live.find(e.addr);  // SummarizeTrace() proved it is there
-      const DevicePtr ptr = it->second;
+      const DevicePtr ptr = it->second.ptr;
+      live_bytes -= it->second.size;
       live.erase(it);
       const Clock::time_point t0 = Clock::now();
       absl::Status s = allocator.Free(ptr);
@@ -171,6 +180,7 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, CachingAllocator& a
   const Clock::time_point end = Clock::now();
   result.events = i + (result.failure.has_value() || !error.ok() ? 1 : 0);
   result.completed = error.ok() && !result.failure.has_value();
+  result.peak_live_bytes = result.completed ? summary->peak_live_bytes : peak_live_bytes;
   result.wall_seconds = std::chrono::duration<double>(end - start - checking).count();
   const std::size_t calls = result.allocs + result.frees;
   result.ns_per_op =
@@ -183,8 +193,8 @@ absl::StatusOr<ReplayResult> ReplayTrace(const Trace& trace, CachingAllocator& a
   if (options.snapshot_hook && error.ok()) options.snapshot_hook(result.completed ? "end" : "oom", allocator);
 
   // Leave the allocator with nothing of the trace's live: free what the trace never freed.
-  for (const auto& [addr, ptr] : live) {
-    if (absl::Status s = allocator.Free(ptr); !s.ok() && error.ok()) {
+  for (const auto& [addr, block] : live) {
+    if (absl::Status s = allocator.Free(block.ptr); !s.ok() && error.ok()) {
       error = absl::InternalError(
           absl::StrCat(trace.name, ": freeing block left live at the end: ", s.message()));
     }

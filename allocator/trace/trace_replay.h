@@ -44,8 +44,11 @@ struct ReplayResult {
   std::size_t events = 0;  // trace events processed (ignored kinds included), up to a failure
   std::size_t allocs = 0;  // Allocate() calls made
   std::size_t frees = 0;   // Free() calls made for free_completed rows
-  // Peak of the sum of the trace's live block sizes over the whole trace (from the trace itself).
+  // Peak of the sum of the live block sizes of the events replayed: the whole trace's when the replay
+  // completed, up to the stop when it did not (so the ratio compares what the allocator got to serve).
   std::uint64_t peak_live_bytes = 0;
+  // The whole trace's peak of live bytes (from the trace itself), also when the replay stopped early.
+  std::uint64_t trace_peak_live_bytes = 0;
   // The allocator's peak reserved bytes during the replay (its peak stat is reset at the start).
   std::uint64_t peak_reserved_bytes = 0;
   double ratio = 0.0;  // peak_reserved_bytes / peak_live_bytes (0 when nothing was live)

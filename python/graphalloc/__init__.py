@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Optional
 
 __all__ = [
-    "GraphallocError", "library", "library_path", "cli_path", "has_function", "stats", "stats_json",
+    "__version__", "GraphallocError", "library", "library_path", "cli_path", "has_function", "stats", "stats_json",
     "snapshot_json", "snapshot", "record_history", "empty_cache", "set_memory_fraction", "reset_peak_stats",
     "reset_accumulated_stats", "record_stream", "malloc", "free", "last_error", "pool_create", "pool_retain",
     "pool_release", "pool_stats", "pool_empty_cache", "allocate_to_pool",
@@ -39,6 +39,10 @@ _STATUS_NAMES = {0: "OK", 1: "INVALID_ARGUMENT", 2: "OUT_OF_MEMORY", 3: "UNAVAIL
                  4: "FAILED_PRECONDITION", 5: "BUFFER_TOO_SMALL", 6: "INTERNAL"}
 
 _LIB_NAMES = ("libgraphalloc.so", "libgraphalloc.so.0")
+
+# The project version (CMakeLists.txt's project(VERSION)), for when the library is not loaded;
+# tests/python/version_test.py keeps it equal to graphalloc_version() and to python/pyproject.toml's.
+_VERSION = "0.1.0"
 
 
 class GraphallocError(RuntimeError):
@@ -60,14 +64,23 @@ def _repo_root() -> Path:
     return Path(__file__).resolve().parent.parent.parent
 
 
+def _source_checkout() -> Path:
+    """The repository the package comes from: this file's checkout, or for a package installed with pip the
+    checkout that python/setup.py recorded in _source_dir.txt (so a library built later is found too)."""
+    recorded = Path(__file__).resolve().parent / "_source_dir.txt"
+    if recorded.is_file():
+        return Path(recorded.read_text().strip())
+    return _repo_root()
+
+
 def _candidates() -> List[Path]:
     """Where to look for libgraphalloc.so, in order (GRAPHALLOC_LIBRARY is handled before this)."""
     here = Path(__file__).resolve().parent
     out: List[Path] = []
     for name in _LIB_NAMES:
-        out.append(here / name)                   # copied next to the package
+        out.append(here / name)                   # copied next to the package (pip install ./python does)
         out.append(here.parent / "lib" / name)    # an install tree: <prefix>/python/graphalloc + <prefix>/lib
-    root = _repo_root()
+    root = _source_checkout()
     # The build-directory conventions of this repository: build*/ in the checkout (README), and
     # GRAPHALLOC_BUILD_DIR if set.
     build_dirs: List[Path] = []
@@ -147,6 +160,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "graphalloc_reset_accumulated_stats": (ctypes.c_int, [ctypes.c_int]),
         "graphalloc_last_error": (ctypes.c_char_p, []),
         # Newer functions: declared when the library has them (has_function()).
+        "graphalloc_version": (ctypes.c_char_p, []),
         "graphalloc_snapshot_json": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, c_size_p]),
         "graphalloc_record_history": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t,
                                                      ctypes.c_int]),
@@ -195,6 +209,16 @@ def library() -> ctypes.CDLL:
             _declare(lib)
             _lib, _lib_path = lib, path
         return _lib
+
+
+def __getattr__(name: str):
+    # graphalloc.__version__: the loaded library's own version when it is loaded (it is the one that runs),
+    # else the version this package was released with; importing never loads the library.
+    if name == "__version__":
+        if _lib is not None and hasattr(_lib, "graphalloc_version"):
+            return _lib.graphalloc_version().decode().split()[-1]
+        return _VERSION
+    raise AttributeError(f"module 'graphalloc' has no attribute {name!r}")
 
 
 def has_function(name: str) -> bool:

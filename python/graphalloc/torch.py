@@ -43,6 +43,14 @@ from typing import Any, Dict, List, Optional, Union
 
 import graphalloc as _ga
 
+try:
+    import torch as _torch_module  # noqa: F401  (every function below needs it; fail here, clearly)
+except ImportError as _error:
+    raise ImportError(
+        "graphalloc.torch needs PyTorch, which this Python cannot import (" + str(_error) + "). Install it "
+        "(pip install torch), or use the graphalloc package alone: graphalloc.stats(), graphalloc.snapshot() "
+        "and the pool functions need no PyTorch.") from _error
+
 __all__ = [
     "install", "is_installed", "hooks", "memory_stats", "memory_stats_as_nested_dict", "memory_allocated",
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache", "reset_peak_memory_stats",

@@ -23,6 +23,10 @@ class CApiTest : public ::testing::Test {
   void TearDown() override { testing::ExpectDefaultAllocatorsHoldNothing(); }
 };
 
+TEST(CApiVersionTest, VersionIsTheProjectVersion) {
+  EXPECT_EQ(std::string(graphalloc_version()), "graphalloc " GRAPHALLOC_PROJECT_VERSION);
+}
+
 TEST_F(CApiTest, MallocAndFreeRoundTrip) {
   void* p = nullptr;
   ASSERT_EQ(graphalloc_malloc(&p, 1000, 0, nullptr), GRAPHALLOC_OK) << graphalloc_last_error();

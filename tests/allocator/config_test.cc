@@ -1,6 +1,8 @@
 #include "allocator/config.h"
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -116,6 +118,47 @@ TEST(ConfigTest, FractionsRoundTripExactly) {
   ASSERT_TRUE(again.ok()) << again.status() << " for " << config->ToString();
   EXPECT_EQ(again->garbage_collection_threshold, 0.9999999);
   EXPECT_EQ(again->per_process_memory_fraction, 0.1234567);
+}
+
+TEST(ConfigTest, PyTorchOnlyKeysAreAcceptedAndReportedAsIgnored) {
+  std::vector<std::string> ignored;
+  absl::StatusOr<Config> config = Config::Parse(
+      "backend:native,expandable_segments:False,pinned_use_cuda_host_register:True,"
+      "pinned_num_register_threads:8,pinned_use_background_threads:True,pinned_reserve_segment_size_mb:64,"
+      "graph_capture_record_stream_reuse:True",
+      &ignored);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_FALSE(config->expandable_segments);
+  EXPECT_THAT(ignored,
+              ::testing::ElementsAre("backend", "pinned_use_cuda_host_register",
+                                     "pinned_num_register_threads", "pinned_use_background_threads",
+                                     "pinned_reserve_segment_size_mb", "graph_capture_record_stream_reuse"));
+}
+
+TEST(ConfigTest, PyTorchOnlyKeyWarnsOnceOnStderr) {
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(Config::Parse("backend:cudaMallocAsync").ok());
+  ASSERT_TRUE(Config::Parse("backend:native").ok());
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err,
+            "graphalloc: config key 'backend' is PyTorch's allocator's only; it has no effect here and is "
+            "ignored\n");
+}
+
+TEST(ConfigTest, PyTorchOnlyKeysStillCheckTheirValues) {
+  absl::StatusOr<Config> config = Config::Parse("backend:fast");
+  EXPECT_THAT(config.status().message(), HasSubstr("bad value 'fast' for key 'backend'"));
+  config = Config::Parse("pinned_use_background_threads:maybe");
+  EXPECT_THAT(config.status().message(), HasSubstr("key 'pinned_use_background_threads'"));
+}
+
+TEST(ConfigTest, DiffFromDefaultsNamesOnlyChangedKeys) {
+  EXPECT_EQ(Config{}.DiffFromDefaults(), "");
+  absl::StatusOr<Config> config =
+      Config::Parse("expandable_segments:False,record_history:True,max_split_size_mb:256");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->DiffFromDefaults(),
+            "max_split_size_mb:256,expandable_segments:False,record_history:True");
 }
 
 TEST(ConfigTest, FromEnvironmentReadsGraphallocConf) {

@@ -3,12 +3,11 @@
 // except those that need the simulated device's capacity.
 #include "allocator/trace/trace_replay.h"
 
-#include "allocator/snapshot/memory_snapshot.h"
-
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/snapshot/memory_snapshot.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_device.h"
@@ -186,8 +185,11 @@ TEST_F(TraceReplayTest, CapacityTooSmallStopsWithTheOutOfMemoryMessage) {
   EXPECT_EQ(r->events, 3u);
   EXPECT_EQ(r->allocs, 2u);
   EXPECT_EQ(r->frees, 0u);
-  EXPECT_EQ(r->peak_live_bytes, 3 * MiB + 1024);  // of the whole trace, not just the part replayed
+  // Up to the stop only the 1 KiB block was live, so the ratio compares what the allocator served.
+  EXPECT_EQ(r->peak_live_bytes, 1024u);
+  EXPECT_EQ(r->trace_peak_live_bytes, 3 * MiB + 1024);
   EXPECT_EQ(r->peak_reserved_bytes, 2 * MiB);
+  EXPECT_DOUBLE_EQ(r->ratio, 2048.0);
   EXPECT_EQ(allocator_->GetStats().num_ooms, 1);
   EXPECT_EQ(allocator_->GetStats().allocated_bytes.all().current, 0);  // the live block was freed
   EXPECT_TRUE(allocator_->CheckInvariants().ok());
@@ -293,9 +295,10 @@ TEST_F(TraceReplayTest, SnapshotHookSeesThePeakAndTheEnd) {
 TEST_F(TraceReplayTest, HistoryOfASnapshotReplaysAsATrace) {
   if (!MakeAllocator()) GTEST_SKIP() << skip_reason_;
   ASSERT_TRUE(allocator_->RecordHistory(HistoryOptions{true, 1000, false}).ok());
-  ReplayOk(Parse("alloc,1,4096,0,1\n"
-                 "alloc,2,8192,0,2\n"
-                 "free_completed,1,4096,0,3\n"));
+  ReplayOk(
+      Parse("alloc,1,4096,0,1\n"
+            "alloc,2,8192,0,2\n"
+            "free_completed,1,4096,0,3\n"));
   absl::StatusOr<Trace> trace = TraceFromHistory(allocator_->TakeSnapshot("end"), "history");
   ASSERT_TRUE(trace.ok()) << trace.status();
   absl::StatusOr<TraceSummary> summary = SummarizeTrace(*trace);

@@ -11,6 +11,7 @@
 #include "allocator/snapshot/snapshot_json.h"
 #include "allocator/snapshot/torch_snapshot.h"
 #include "tests/snapshot/snapshot_fixture.h"
+#include "tests/testing/cli_run.h"
 
 namespace graphalloc {
 namespace {
@@ -19,12 +20,7 @@ using ::testing::HasSubstr;
 using testing::MakeFixtureSnapshot;
 using ::testing::Not;
 
-using CliRun = testing::CommandRun;
-
-// The CLI's stdout and stderr, and its exit code.
-CliRun Cli(const std::string& args) {
-  return testing::RunCommand(absl::StrCat(GRAPHALLOC_CLI_PATH, " ", args, " 2>&1"));
-}
+using testing::Cli;
 
 class SnapshotCliTest : public ::testing::Test {
  protected:
@@ -43,7 +39,7 @@ class SnapshotCliTest : public ::testing::Test {
 };
 
 TEST_F(SnapshotCliTest, Summary) {
-  CliRun r = Cli("snapshot summary " + fixture_);
+  testing::CliRun r = Cli("snapshot summary " + fixture_);
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("reserved          10.00 MiB (10485760 bytes)"));
   EXPECT_THAT(r.output, HasSubstr("statistics match the segments"));
@@ -55,14 +51,14 @@ TEST_F(SnapshotCliTest, Summary) {
 }
 
 TEST_F(SnapshotCliTest, Segments) {
-  const CliRun r = Cli("snapshot segments " + fixture_);
+  const testing::CliRun r = Cli("snapshot segments " + fixture_);
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("segment 0: [0x7f0000000000, 0x7f0000400000) 4.00 MiB"));
   EXPECT_THAT(r.output, HasSubstr("pending_free"));
 }
 
 TEST_F(SnapshotCliTest, PlotSvgAndHtml) {
-  CliRun r = Cli(absl::StrCat("snapshot plot ", fixture_, " -o ", dir_, "/out.svg"));
+  testing::CliRun r = Cli(absl::StrCat("snapshot plot ", fixture_, " -o ", dir_, "/out.svg"));
   EXPECT_EQ(r.code, 0) << r.output;
   absl::StatusOr<std::string> svg = ReadFileBytes(dir_ + "/out.svg");
   ASSERT_TRUE(svg.ok());
@@ -81,7 +77,72 @@ TEST_F(SnapshotCliTest, PlotSvgAndHtml) {
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.output, HasSubstr("must end in .svg or .html"));
   r = Cli(absl::StrCat("snapshot plot ", fixture_, " -o ", dir_, "/no/such/dir/out.svg"));
-  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(r.code, 2) << r.output;  // an output that cannot be written is bad input, as everywhere
+  EXPECT_THAT(r.output, HasSubstr("out.svg: cannot open for writing"));
+}
+
+TEST_F(SnapshotCliTest, UnwritableExportOutputExitsTwo) {
+  const testing::CliRun r =
+      Cli(absl::StrCat("snapshot export-torch ", fixture_, " -o ", dir_, "/no/such/dir/x.pickle"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("graphalloc snapshot export-torch: "));
+  EXPECT_THAT(r.output, HasSubstr("x.pickle: cannot open for writing"));
+}
+
+TEST_F(SnapshotCliTest, DashReadsStdinAndWritesStdout) {
+  testing::CliRun r = Cli("snapshot summary - < " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("reserved          10.00 MiB (10485760 bytes)"));
+  r = Cli("snapshot segments - < " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("segment 0: [0x7f0000000000, 0x7f0000400000) 4.00 MiB"));
+  r = Cli("snapshot check - < " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = Cli(absl::StrCat("snapshot diff - ", fixture_, " < ", fixture_));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("Segments added: 0, removed: 0"));
+  r = Cli("snapshot diff - - < " + fixture_);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("only one of the two snapshots can be read from stdin"));
+  // export-torch to stdout, then import-torch from stdin: the pipe carries the pickle alone.
+  r = Cli(absl::StrCat("snapshot export-torch ", fixture_, " -o - 2>/dev/null | ", GRAPHALLOC_CLI_PATH,
+                       " snapshot import-torch - -o - 2>/dev/null | ", GRAPHALLOC_CLI_PATH,
+                       " snapshot check -"));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("-: ok (4 segments, 15 history events)"));
+}
+
+TEST_F(SnapshotCliTest, EveryReadOnlySubcommandPrintsJson) {
+  testing::CliRun r = Cli("snapshot segments --json " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"address\": 139637976727552"));
+  EXPECT_THAT(r.output, HasSubstr("\"state\": \"pending_free\""));
+  r = Cli(absl::StrCat("snapshot diff --json ", fixture_, " ", fixture_));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"segments_removed\": 0"));
+  EXPECT_THAT(r.output, HasSubstr("\"reserved_bytes\": 10485760"));
+  r = Cli("snapshot check --json " + fixture_);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"ok\": true"));
+}
+
+TEST_F(SnapshotCliTest, NegativeCountsAreRefused) {
+  testing::CliRun r = Cli("snapshot summary --top -3 " + fixture_);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--top: must be 0 or more, not -3"));
+  r = Cli(absl::StrCat("snapshot import-torch --device -1 x.pickle -o ", dir_, "/x.json"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--device: must be 0 or more, not -1"));
+}
+
+TEST_F(SnapshotCliTest, ImportOfAMissingDeviceListsTheDevicesPresent) {
+  const std::string pickle = dir_ + "/device0.pickle";
+  ASSERT_EQ(Cli(absl::StrCat("snapshot export-torch ", fixture_, " -o ", pickle)).code, 0);
+  const testing::CliRun r =
+      Cli(absl::StrCat("snapshot import-torch --device 3 ", pickle, " -o ", dir_, "/d3.json"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr("device 3 has no segments or trace entries in this snapshot; devices present: 0"));
 }
 
 TEST_F(SnapshotCliTest, Diff) {
@@ -89,14 +150,14 @@ TEST_F(SnapshotCliTest, Diff) {
   after.segments.pop_back();
   const std::string b = dir_ + "/after.json";
   ASSERT_TRUE(WriteSnapshotFile(after, b).ok());
-  const CliRun r = Cli(absl::StrCat("snapshot diff ", fixture_, " ", b));
+  const testing::CliRun r = Cli(absl::StrCat("snapshot diff ", fixture_, " ", b));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("Segments added: 0, removed: 1"));
   EXPECT_THAT(r.output, HasSubstr("-1.00 MiB  attention (model.cc:40)"));
 }
 
 TEST_F(SnapshotCliTest, CheckPassesAndFails) {
-  CliRun r = Cli("snapshot check " + fixture_);
+  testing::CliRun r = Cli("snapshot check " + fixture_);
   EXPECT_EQ(r.code, 0) << r.output;
   MemorySnapshot bad = MakeFixtureSnapshot();
   bad.stats.allocated_bytes[StatType::kAggregate].current = 1;
@@ -109,7 +170,7 @@ TEST_F(SnapshotCliTest, CheckPassesAndFails) {
 
 TEST_F(SnapshotCliTest, ExportThenImportTorch) {
   const std::string pickle = dir_ + "/fixture.pickle", json = dir_ + "/imported.json";
-  CliRun r = Cli(absl::StrCat("snapshot export-torch ", fixture_, " -o ", pickle));
+  testing::CliRun r = Cli(absl::StrCat("snapshot export-torch ", fixture_, " -o ", pickle));
   ASSERT_EQ(r.code, 0) << r.output;
   r = Cli(absl::StrCat("snapshot import-torch ", pickle, " -o ", json));
   ASSERT_EQ(r.code, 0) << r.output;
@@ -145,14 +206,14 @@ TEST_F(SnapshotCliTest, BadInputExitsTwoWithTheLocation) {
   for (const Case& c : cases) {
     const std::string path = Write(c.name, c.bytes);
     for (const char* command : {"summary", "segments", "check", "export-torch -o /dev/null"}) {
-      const CliRun r = Cli(absl::StrCat("snapshot ", command, " ", path));
+      const testing::CliRun r = Cli(absl::StrCat("snapshot ", command, " ", path));
       EXPECT_EQ(r.code, 2) << c.name << " " << command << ": " << r.output;
       EXPECT_THAT(r.output, HasSubstr(c.message)) << c.name << " " << command;
       EXPECT_THAT(r.output, HasSubstr(path)) << c.name;
       EXPECT_THAT(r.output, Not(HasSubstr("terminate"))) << c.name;
     }
   }
-  CliRun r = Cli(absl::StrCat("snapshot summary ", dir_, "/missing.json"));
+  testing::CliRun r = Cli(absl::StrCat("snapshot summary ", dir_, "/missing.json"));
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.output, HasSubstr("missing.json: cannot open"));
   r = Cli(absl::StrCat("snapshot import-torch ", fixture_, " -o ", dir_, "/x.json"));  // JSON is not a pickle
@@ -167,7 +228,7 @@ TEST_F(SnapshotCliTest, BadInputExitsTwoWithTheLocation) {
 }
 
 TEST_F(SnapshotCliTest, HelpListsTheSubcommands) {
-  const CliRun r = Cli("snapshot --help");
+  const testing::CliRun r = Cli("snapshot --help");
   EXPECT_EQ(r.code, 0);
   for (const char* sub : {"summary", "segments", "plot", "diff", "check", "export-torch", "import-torch"}) {
     EXPECT_THAT(r.output, HasSubstr(sub));

@@ -124,16 +124,4 @@ std::string TestDir() {
   return dir.string();
 }
 
-CommandRun RunCommand(const std::string& command) {
-  CommandRun run;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) run.output.append(buf, n);
-  const int status = pclose(pipe);
-  run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
-
 }  // namespace graphalloc::testing

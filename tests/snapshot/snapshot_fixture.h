@@ -17,13 +17,6 @@ inline constexpr int kFixtureBlocks = 10;
 // A fresh, empty directory for the calling test's files (under TEST_TMPDIR or /tmp).
 std::string TestDir();
 
-// Runs `command` with /bin/sh; its stdout (add 2>&1 for stderr too) and exit code (-1: did not exit).
-struct CommandRun {
-  int code = -1;
-  std::string output;
-};
-CommandRun RunCommand(const std::string& command);
-
 }  // namespace graphalloc::testing
 
 #endif  // GRAPHALLOC_TESTS_SNAPSHOT_SNAPSHOT_FIXTURE_H_

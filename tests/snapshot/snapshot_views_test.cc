@@ -121,6 +121,30 @@ XmlReport CheckXml(const std::string& x) {
   return r;
 }
 
+TEST(SnapshotViewsTest, SummaryWithoutStacksSaysSoOnce) {
+  MemorySnapshot s = MakeFixtureSnapshot();
+  for (SegmentSnapshot& seg : s.segments) {
+    for (BlockSnapshot& b : seg.blocks) b.frames.clear();
+  }
+  const std::string text = RenderSummaryText(s, "fixture.json", 5);
+  EXPECT_THAT(text, Not(HasSubstr("(no stack)")));
+  EXPECT_THAT(text, HasSubstr("  none: no stacks recorded (history_stacks:True records them)\n"));
+}
+
+TEST(SnapshotViewsTest, BriefSummaryKeepsTotalsAndTopAllocations) {
+  MemorySnapshot s = MakeFixtureSnapshot();
+  s.config = "expandable_segments:False,record_history:True,history_max_entries:100000";
+  const std::string text = RenderSummaryText(s, "fixture.json", 2, /*brief=*/true);
+  EXPECT_THAT(text, HasSubstr("Config:        defaults but expandable_segments:False,record_history:True\n"));
+  EXPECT_THAT(text, HasSubstr("reserved          10.00 MiB (10485760 bytes) in 3 segments"));
+  EXPECT_THAT(text, HasSubstr("Top allocations by size\n"));
+  EXPECT_THAT(text, HasSubstr("   2. "));
+  EXPECT_THAT(text, Not(HasSubstr("   3. ")));
+  EXPECT_THAT(text, Not(HasSubstr("Statistics")));
+  EXPECT_THAT(text, Not(HasSubstr("Streams")));
+  EXPECT_THAT(text, HasSubstr("History:       15 events"));
+}
+
 TEST(SnapshotViewsTest, XmlCheckerRejectsBadXml) {
   EXPECT_EQ(CheckXml("<a><b/></a>").error, "");
   EXPECT_NE(CheckXml("<a><b></a>").error, "");

@@ -16,6 +16,7 @@
 #include "allocator/snapshot/snapshot_json.h"
 #include "allocator/snapshot/torch_snapshot.h"
 #include "tests/snapshot/snapshot_fixture.h"
+#include "tests/testing/cli_run.h"
 #include "tools/snapshot/snapshot_views.h"
 
 namespace graphalloc {
@@ -25,7 +26,7 @@ using ::testing::HasSubstr;
 using testing::MakeFixtureSnapshot;
 using ::testing::Not;
 
-using Run = testing::CommandRun;
+using Run = testing::CliRun;
 using testing::RunCommand;
 
 // GRAPHALLOC_CHROMIUM when set, else the first browser on PATH; "" when there is none.

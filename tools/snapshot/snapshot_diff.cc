@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <tuple>
@@ -46,6 +47,19 @@ std::map<std::string, std::int64_t> BytesPerSite(const MemorySnapshot& s) {
     }
   }
   return sites;
+}
+
+// Calls f(pool id, bytes before, bytes after) for each pool in either snapshot, by id.
+template <typename F>
+void ForEachPool(const MemorySnapshot& before, const MemorySnapshot& after, F f) {
+  const auto pools_a = BytesPerPool(before), pools_b = BytesPerPool(after);
+  std::set<std::uint64_t> pool_ids;
+  for (const auto& [id, p] : pools_a) pool_ids.insert(id);
+  for (const auto& [id, p] : pools_b) pool_ids.insert(id);
+  for (std::uint64_t id : pool_ids) {
+    f(id, pools_a.contains(id) ? pools_a.at(id) : PoolBytes{},
+      pools_b.contains(id) ? pools_b.at(id) : PoolBytes{});
+  }
 }
 
 using SegmentKey = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;  // address, size, pool
@@ -145,20 +159,14 @@ std::string RenderDiffText(const MemorySnapshot& before, const MemorySnapshot& a
   absl::StrAppend(
       &out, "\nBytes per pool\n",
       absl::StrFormat("  %-10s %14s %14s %14s %14s\n", "pool", "reserved", "change", "allocated", "change"));
-  const auto pools_a = BytesPerPool(before), pools_b = BytesPerPool(after);
-  std::set<std::uint64_t> pool_ids;
-  for (const auto& [id, p] : pools_a) pool_ids.insert(id);
-  for (const auto& [id, p] : pools_b) pool_ids.insert(id);
-  for (std::uint64_t id : pool_ids) {
-    const PoolBytes pa = pools_a.contains(id) ? pools_a.at(id) : PoolBytes{};
-    const PoolBytes pb = pools_b.contains(id) ? pools_b.at(id) : PoolBytes{};
+  ForEachPool(before, after, [&](std::uint64_t id, const PoolBytes& pa, const PoolBytes& pb) {
     absl::StrAppend(&out, absl::StrFormat("  %-10s %14s %14s %14s %14s\n",
                                           id == 0 ? std::string("default") : absl::StrCat(id),
                                           FormatBytes(static_cast<std::uint64_t>(pb.reserved)),
                                           Signed(pb.reserved - pa.reserved),
                                           FormatBytes(static_cast<std::uint64_t>(pb.allocated)),
                                           Signed(pb.allocated - pa.allocated)));
-  }
+  });
 
   const auto sites_a = BytesPerSite(before), sites_b = BytesPerSite(after);
   std::map<std::string, std::int64_t> change;
@@ -174,6 +182,45 @@ std::string RenderDiffText(const MemorySnapshot& before, const MemorySnapshot& a
     absl::StrAppend(&out, absl::StrFormat("  %14s  %s\n", Signed(sorted[i].second), sorted[i].first));
   }
   return out;
+}
+
+std::string RenderDiffJson(const MemorySnapshot& before, const MemorySnapshot& after) {
+  auto totals = [](const SnapshotTotals& t) {
+    return nlohmann::json{{"reserved_bytes", t.reserved_bytes},
+                          {"allocated_bytes", t.allocated_bytes},
+                          {"active_bytes", t.active_bytes},
+                          {"free_bytes", t.free_bytes},
+                          {"segments", t.segments},
+                          {"allocations", t.allocations}};
+  };
+  auto bytes = [](const std::vector<const BlockSnapshot*>& blocks) {
+    std::uint64_t sum = 0;
+    for (const BlockSnapshot* b : blocks) sum += b->size;
+    return sum;
+  };
+  const auto segs_a = Segments(before), segs_b = Segments(after);
+  const auto blocks_a = AllocatedBlocks(before), blocks_b = AllocatedBlocks(after);
+  const auto added_blocks = Missing(blocks_b, blocks_a), removed_blocks = Missing(blocks_a, blocks_b);
+  nlohmann::json pools = nlohmann::json::array();
+  ForEachPool(before, after, [&](std::uint64_t id, const PoolBytes& pa, const PoolBytes& pb) {
+    pools.push_back({{"pool_id", id},
+                     {"reserved_bytes_before", pa.reserved},
+                     {"reserved_bytes_after", pb.reserved},
+                     {"allocated_bytes_before", pa.allocated},
+                     {"allocated_bytes_after", pb.allocated}});
+  });
+  const nlohmann::json out = {
+      {"before", totals(ComputeTotals(before))},
+      {"after", totals(ComputeTotals(after))},
+      {"segments_added", Missing(segs_b, segs_a).size()},
+      {"segments_removed", Missing(segs_a, segs_b).size()},
+      {"blocks_added", added_blocks.size()},
+      {"blocks_added_bytes", bytes(added_blocks)},
+      {"blocks_removed", removed_blocks.size()},
+      {"blocks_removed_bytes", bytes(removed_blocks)},
+      {"pools", std::move(pools)},
+  };
+  return out.dump(2) + "\n";
 }
 
 }  // namespace graphalloc::tools

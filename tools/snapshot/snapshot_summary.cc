@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "allocator/config.h"
 #include "tools/snapshot/snapshot_views.h"
 
 namespace graphalloc::tools {
@@ -85,6 +86,30 @@ std::string Percent(std::uint64_t part, std::uint64_t whole) {
              : absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
 }
 
+// "Top allocations by size" and its lines; the call site only when some block has a stack.
+void AppendTopAllocations(std::string& out, const Analysis& a, bool any_stack) {
+  absl::StrAppend(&out, "Top allocations by size\n");
+  for (std::size_t i = 0; i < a.top_blocks.size(); ++i) {
+    const BlockSnapshot& b = *a.top_blocks[i];
+    absl::StrAppend(&out,
+                    absl::StrFormat("  %2d. %12s at %s, requested %d, stream %s", i + 1, FormatBytes(b.size),
+                                    Hex(b.address), b.requested_size, Hex(b.stream)),
+                    b.annotation.empty() ? "" : absl::StrCat(" [", b.annotation, "]"),
+                    any_stack ? absl::StrCat("  ", CallSite(b.frames)) : "", "\n");
+  }
+}
+
+// The snapshot's configuration as the differences from the defaults; the text as it is when it does not
+// parse as graphalloc's (an imported snapshot's, say).
+std::string DescribeSnapshotConfig(const std::string& text) {
+  if (text.empty()) return "(not recorded)";
+  std::vector<std::string> ignored;
+  absl::StatusOr<Config> config = Config::Parse(text, &ignored);
+  if (!config.ok()) return text;
+  const std::string diff = config->DiffFromDefaults();
+  return diff.empty() ? "defaults" : absl::StrCat("defaults but ", diff);
+}
+
 }  // namespace
 
 std::string FormatBytes(std::uint64_t bytes) {
@@ -113,28 +138,41 @@ std::string CallSite(const std::vector<Frame>& frames) {
   return absl::StrCat(chosen->function, " (", chosen->file, ":", chosen->line, ")");
 }
 
-std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, int top) {
+std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, int top, bool brief) {
   const Analysis a = Analyze(s, top);
   const SnapshotTotals& t = a.totals;
+  // Without a single recorded stack, "(no stack)" on every line says nothing: say it once instead.
+  bool any_stack = false;
+  for (const SegmentSnapshot& seg : s.segments) {
+    for (const BlockSnapshot& b : seg.blocks) any_stack = any_stack || !b.frames.empty();
+  }
   std::string out;
   absl::StrAppend(&out, "Snapshot:      ", name, s.label.empty() ? "" : absl::StrCat(" (", s.label, ")"),
                   s.source.empty() ? "" : absl::StrCat(", from ", s.source), "\n");
   absl::StrAppend(&out, "Device:        ", s.device.ordinal, s.device.name.empty() ? "" : " ", s.device.name,
                   ", ", FormatBytes(s.device.total_memory), " total, granularity ",
                   FormatBytes(s.device.granularity), "\n");
-  absl::StrAppend(&out, "Config:        ", s.config.empty() ? "(defaults)" : s.config, "\n\n");
+  absl::StrAppend(&out, "Config:        ", DescribeSnapshotConfig(s.config), "\n\n");
 
   absl::StrAppend(&out, "Totals (from the segments)\n");
-  absl::StrAppend(&out, "  segments          ", t.segments, "\n");
-  absl::StrAppend(&out, "  reserved          ", Bytes(t.reserved_bytes), "\n");
+  absl::StrAppend(&out, "  reserved          ", Bytes(t.reserved_bytes), " in ", t.segments, " segments\n");
   absl::StrAppend(&out, "  allocated         ", Bytes(t.allocated_bytes), " in ", t.allocations, " blocks\n");
-  absl::StrAppend(&out, "  active            ", Bytes(t.active_bytes), " (allocated + pending free)\n");
-  absl::StrAppend(&out, "  requested         ", Bytes(t.requested_bytes), "\n");
+  if (!brief) {
+    absl::StrAppend(&out, "  active            ", Bytes(t.active_bytes), " (allocated + pending free)\n");
+    absl::StrAppend(&out, "  requested         ", Bytes(t.requested_bytes), "\n");
+  }
   absl::StrAppend(&out, "  free (cached)     ", Bytes(t.free_bytes), "\n");
   const std::uint64_t fragmentation = t.reserved_bytes - std::min(t.reserved_bytes, t.allocated_bytes);
   absl::StrAppend(&out, "  fragmentation     ", Bytes(fragmentation), " = reserved - allocated, ",
                   Percent(fragmentation, t.reserved_bytes), " of reserved\n");
   absl::StrAppend(&out, "  largest free      ", Bytes(t.largest_free_block), "\n\n");
+  if (brief) {
+    AppendTopAllocations(out, a, any_stack);
+    absl::StrAppend(&out, "History:       ", s.history.size(), " events",
+                    s.history_overflowed ? " (older events were dropped)" : "",
+                    any_stack ? "" : "; no stacks recorded (history_stacks:True records them)", "\n");
+    return out;
+  }
 
   const DeviceStats& st = s.stats;
   absl::StrAppend(&out, "Statistics (recorded by the allocator; current / peak)\n");
@@ -181,17 +219,11 @@ std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, i
     absl::StrAppend(&out, absl::StrFormat("  %-18s %8d %8d %22s %22s %22s\n", Hex(id), g.segments, g.blocks,
                                           Bytes(g.reserved), Bytes(g.allocated), Bytes(g.pending)));
   }
-  absl::StrAppend(&out, "\nTop allocations by size\n");
-  for (std::size_t i = 0; i < a.top_blocks.size(); ++i) {
-    const BlockSnapshot& b = *a.top_blocks[i];
-    absl::StrAppend(&out,
-                    absl::StrFormat("  %2d. %12s at %s, requested %d, stream %s", i + 1, FormatBytes(b.size),
-                                    Hex(b.address), b.requested_size, Hex(b.stream)),
-                    b.annotation.empty() ? "" : absl::StrCat(" [", b.annotation, "]"), "  ",
-                    CallSite(b.frames), "\n");
-  }
+  absl::StrAppend(&out, "\n");
+  AppendTopAllocations(out, a, any_stack);
   absl::StrAppend(&out, "\nTop call sites by allocated bytes\n");
-  for (std::size_t i = 0; i < a.top_sites.size(); ++i) {
+  if (!any_stack) absl::StrAppend(&out, "  none: no stacks recorded (history_stacks:True records them)\n");
+  for (std::size_t i = 0; any_stack && i < a.top_sites.size(); ++i) {
     const Site& site = a.top_sites[i];
     absl::StrAppend(&out, absl::StrFormat("  %2d. %12s in %d blocks  %s\n", i + 1, FormatBytes(site.bytes),
                                           site.blocks, site.site));
@@ -335,6 +367,30 @@ std::string RenderSegmentsText(const MemorySnapshot& s) {
   }
   if (s.segments.empty()) out = "no segments\n";
   return out;
+}
+
+std::string RenderSegmentsJson(const MemorySnapshot& s) {
+  nlohmann::json segments = nlohmann::json::array();
+  for (const SegmentSnapshot& seg : s.segments) {
+    nlohmann::json blocks = nlohmann::json::array();
+    for (const BlockSnapshot& b : seg.blocks) {
+      blocks.push_back({{"address", b.address},
+                        {"size", b.size},
+                        {"requested_size", b.requested_size},
+                        {"state", std::string(BlockStateName(b.state))},
+                        {"call_site", CallSite(b.frames)}});
+    }
+    segments.push_back({{"address", seg.address},
+                        {"total_size", seg.total_size},
+                        {"mapped_bytes", seg.ReservedBytes()},
+                        {"kind", std::string(SegmentKindName(seg.kind))},
+                        {"stream", seg.stream},
+                        {"pool_id", seg.pool_id},
+                        {"expandable", seg.expandable},
+                        {"blocks", std::move(blocks)}});
+  }
+  const nlohmann::json out = {{"segments", std::move(segments)}};
+  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace graphalloc::tools

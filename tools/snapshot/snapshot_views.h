@@ -22,12 +22,17 @@ std::string CallSite(const std::vector<Frame>& frames);
 
 // Totals, per pool, per stream, fragmentation, largest free block, statistics, top allocations by size and
 // top call sites by bytes, history counts. `top` bounds the two top lists.
-std::string RenderSummaryText(const MemorySnapshot& snapshot, absl::string_view name, int top = 10);
+// `brief`: the totals, the top allocations and one history line only (the main job's output).
+std::string RenderSummaryText(const MemorySnapshot& snapshot, absl::string_view name, int top = 10,
+                              bool brief = false);
 // The same numbers as one JSON object (keys documented in docs/snapshot_format.md).
 std::string RenderSummaryJson(const MemorySnapshot& snapshot, int top = 10);
 
 // Each segment with its blocks, one a line, and a one-line character map of the segment.
 std::string RenderSegmentsText(const MemorySnapshot& snapshot);
+// The same as JSON: {"segments": [{address, total_size, pool_id, stream, expandable, blocks: [{address,
+// size, requested_size, state}]}]}.
+std::string RenderSegmentsJson(const MemorySnapshot& snapshot);
 
 // An SVG document: the segment map (one <rect class="block"> per block, coloured by state and pool, with a
 // <title> tooltip) and, when there is history, the allocated and reserved bytes over time with the peak
@@ -45,6 +50,9 @@ std::string RenderHtml(const MemorySnapshot& snapshot, absl::string_view title);
 // pool and per call site.
 std::string RenderDiffText(const MemorySnapshot& before, const MemorySnapshot& after,
                            absl::string_view before_name, absl::string_view after_name, int top = 20);
+// The same numbers as one JSON object: totals before and after, the counts and bytes of segments and
+// allocated blocks added and removed, bytes per pool.
+std::string RenderDiffJson(const MemorySnapshot& before, const MemorySnapshot& after);
 
 // Memory over the history: one point per event (decimated to at most `max_points`, keeping each bucket's
 // maxima), anchored so that the last point equals the snapshot's own totals.
