@@ -1,7 +1,6 @@
 #include "tests/snapshot/snapshot_fixture.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
