@@ -28,8 +28,7 @@ std::optional<Enum> ParseName(const std::array<absl::string_view, N>& names, abs
 
 std::string Hex(std::uint64_t value) { return absl::StrCat("0x", absl::Hex(value)); }
 
-// Bytes of [begin, end) (segment-relative) that lie inside the sorted mapped ranges.
-// Bytes of [begin, end) inside accessible mapped ranges.
+// Bytes of [begin, end) (segment-relative) inside accessible mapped ranges.
 std::uint64_t MappedOverlap(const std::vector<MappedRange>& mapped, std::uint64_t begin, std::uint64_t end) {
   std::uint64_t bytes = 0;
   for (const MappedRange& r : mapped) {
@@ -151,6 +150,12 @@ absl::Status ValidateSnapshot(const MemorySnapshot& snapshot) {
   return absl::OkStatus();
 }
 
+std::uint64_t UsableBytes(const SegmentSnapshot& segment, const BlockSnapshot& block) {
+  if (!segment.expandable) return block.size;
+  const std::uint64_t offset = block.address - segment.address;
+  return MappedOverlap(segment.mapped, offset, offset + block.size);
+}
+
 SnapshotTotals ComputeTotals(const MemorySnapshot& snapshot) {
   SnapshotTotals t;
   for (const SegmentSnapshot& seg : snapshot.segments) {
@@ -168,9 +173,7 @@ SnapshotTotals ComputeTotals(const MemorySnapshot& snapshot) {
           ++t.active_blocks;
           break;
         case BlockState::kFree: {
-          const std::uint64_t offset = block.address - seg.address;
-          const std::uint64_t usable =
-              seg.expandable ? MappedOverlap(seg.mapped, offset, offset + block.size) : block.size;
+          const std::uint64_t usable = UsableBytes(seg, block);
           t.free_bytes += usable;
           t.largest_free_block = std::max(t.largest_free_block, usable);
           break;

@@ -162,6 +162,11 @@ absl::Status ValidateSnapshot(const MemorySnapshot& snapshot);
 const HistoryEvent* LastAction(const MemorySnapshot& snapshot);
 
 // Totals computed from the segments and blocks.
+// Bytes of `block` (one of `segment`'s) usable without mapping more memory: its size in a regular segment,
+// the part inside accessible mapped ranges in an expandable one (whose free blocks also span unmapped
+// address space).
+std::uint64_t UsableBytes(const SegmentSnapshot& segment, const BlockSnapshot& block);
+
 struct SnapshotTotals {
   std::uint64_t reserved_bytes = 0;   // sum of SegmentSnapshot::ReservedBytes()
   std::uint64_t allocated_bytes = 0;  // blocks in state kAllocated

@@ -51,9 +51,14 @@ Analysis Analyze(const MemorySnapshot& s, int top) {
     for (const BlockSnapshot& b : seg.blocks) {
       for (Group* g : {&a.pools[seg.pool_id], &a.streams[seg.stream]}) {
         ++g->blocks;
-        (b.state == BlockState::kAllocated     ? g->allocated
-         : b.state == BlockState::kPendingFree ? g->pending
-                                               : g->free) += b.size;
+        // Free space of an expandable segment counts only where it is mapped (as in the totals).
+        if (b.state == BlockState::kAllocated) {
+          g->allocated += b.size;
+        } else if (b.state == BlockState::kPendingFree) {
+          g->pending += b.size;
+        } else {
+          g->free += UsableBytes(seg, b);
+        }
       }
       if (b.state != BlockState::kAllocated) continue;
       allocated.push_back(&b);
@@ -191,7 +196,7 @@ std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, i
   stat("active_bytes", st.active_bytes, true);
   stat("requested_bytes", st.requested_bytes, true);
   stat("allocation", st.allocation, false);
-  stat("segment", st.segment, false);
+  stat("segment (regular)", st.segment, false);  // device allocations; expandable segments map instead
   absl::StrAppend(&out, "  num_ooms ", st.num_ooms, ", num_alloc_retries ", st.num_alloc_retries,
                   ", num_device_alloc ", st.num_device_alloc, ", num_device_free ", st.num_device_free, "\n");
   const absl::Status consistent = CheckStatsConsistency(s);
