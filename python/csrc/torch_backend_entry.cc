@@ -28,22 +28,6 @@ GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_install(char* error, size
   return 1;
 }
 
-// 1 when the backend is PyTorch's CUDA allocator now, else 0.
-GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_is_current(void) {
-  return c10::cuda::CUDACachingAllocator::get() == &graphalloc_torch::TorchBackend::Get() ? 1 : 0;
-}
-
-// The graphalloc pool behind PyTorch pool (first, second) on `device`: returns 1 and sets *pool, or 0 when
-// PyTorch holds no reference to it or it was never used.
-GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_pool_of(int device, unsigned long long first,
-                                                               unsigned long long second, uint64_t* pool) {
-  const std::optional<graphalloc::PoolId> id = graphalloc_torch::TorchBackend::Get().pools().GraphallocIdOf(
-      graphalloc_torch::TorchPoolKey{static_cast<c10::DeviceIndex>(device), {first, second}});
-  if (!id.has_value()) return 0;
-  if (pool != nullptr) *pool = *id;
-  return 1;
-}
-
 // PyTorch pool routes begun and not ended (0 outside captures and use_mem_pool blocks).
 GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_open_routes(void) {
   return graphalloc_torch::TorchBackend::Get().pools().OpenRoutes();

@@ -155,6 +155,9 @@ _POOL_SETTERS = (("set_begin_allocate_to_pool", "begin_allocate_to_pool"),
                  ("set_release_pool", "release_pool"))
 _shim: Optional[ctypes.CDLL] = None
 _shim_path: Optional[str] = None
+# What answers about PyTorch's pools (graphalloc_torch_shim_* functions): the shim's table on the pluggable
+# path, the backend's (through _backend_pool_table) once the backend is installed.
+_pool_table: Any = None
 
 
 class GraphCaptureUnsupported(RuntimeError):
@@ -185,7 +188,7 @@ def _find_shim() -> "tuple[Optional[str], str]":
 
 def _load_shim() -> "tuple[Optional[ctypes.CDLL], str]":
     """Loads the shim after libgraphalloc.so (so that it binds to that very library: one set of allocators)."""
-    global _shim, _shim_path
+    global _shim, _shim_path, _pool_table
     if _shim is not None:
         return _shim, ""
     path, reason = _find_shim()
@@ -225,10 +228,6 @@ def _load_shim() -> "tuple[Optional[ctypes.CDLL], str]":
     if hasattr(shim, "graphalloc_torch_backend_install"):
         shim.graphalloc_torch_backend_install.restype = ctypes.c_int
         shim.graphalloc_torch_backend_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        shim.graphalloc_torch_backend_is_current.restype = ctypes.c_int
-        shim.graphalloc_torch_backend_is_current.argtypes = []
-        shim.graphalloc_torch_backend_pool_of.restype = ctypes.c_int
-        shim.graphalloc_torch_backend_pool_of.argtypes = [ctypes.c_int, ull, ull, ctypes.POINTER(ctypes.c_uint64)]
         shim.graphalloc_torch_backend_open_routes.restype = ctypes.c_int
         shim.graphalloc_torch_backend_open_routes.argtypes = []
         shim.graphalloc_torch_backend_last_begun.restype = ctypes.c_int
@@ -238,7 +237,7 @@ def _load_shim() -> "tuple[Optional[ctypes.CDLL], str]":
                                                            ctypes.POINTER(ctypes.c_int)]
         shim.graphalloc_torch_backend_abandon.restype = None
         shim.graphalloc_torch_backend_abandon.argtypes = [ctypes.c_int, ull, ull, ctypes.c_int]
-    _shim, _shim_path = shim, path
+    _shim, _shim_path, _pool_table = shim, path, shim
     return shim, ""
 
 
@@ -358,14 +357,10 @@ def graph_pool_id(pool, device=None) -> Optional[int]:
     torch.cuda.graph_pool_handle()), for graphalloc.pool_stats(); None while PyTorch holds no reference to
     it (never captured into, or every graph of it released: the graphalloc pool then goes as soon as its
     last tensor does)."""
-    if _shim is None:
+    if _pool_table is None:
         return None
     first, second = (int(x) for x in pool)
-    if _backend == "allocator":
-        out = ctypes.c_uint64(0)
-        found = _shim.graphalloc_torch_backend_pool_of(_device_index(device), first, second, ctypes.byref(out))
-        return out.value if found else None
-    ga_pool, _ = _pool_of(_shim, _device_index(device), first, second)
+    ga_pool, _ = _pool_of(_pool_table, _device_index(device), first, second)
     return ga_pool
 
 
@@ -377,9 +372,7 @@ def graph_pool_stats(pool, device=None) -> Optional[Dict[str, int]]:
 
 def open_capture_routes() -> int:
     """Routes of CUDA graph captures now open (0 outside captures; more means a capture leaked its route)."""
-    if _backend == "allocator":
-        return _shim.graphalloc_torch_backend_open_routes()
-    return _shim.graphalloc_torch_shim_open_routes() if _shim is not None else 0
+    return _pool_table.graphalloc_torch_shim_open_routes() if _pool_table is not None else 0
 
 
 def _nested(flat: Dict[str, int]) -> Dict[str, Any]:
@@ -495,12 +488,19 @@ def _install_backend(torch, shim, shim_reason: str):
                              "from a graphalloc private pool")
     # PyTorch leaves a failed capture's route open (it raises before endAllocateToPool): the same clean-up as
     # the pluggable path's, through the backend's pool table.
-    _patch_capture_cleanup(torch, types.SimpleNamespace(
+    global _pool_table
+    _pool_table = _backend_pool_table(shim)
+    _patch_capture_cleanup(torch, _pool_table)
+    return torch.cuda.memory._get_current_allocator(), ""
+
+
+def _backend_pool_table(shim):
+    """The backend's pool table under the shim's function names, so that one set of callers serves both."""
+    return types.SimpleNamespace(
         graphalloc_torch_shim_open_routes=shim.graphalloc_torch_backend_open_routes,
         graphalloc_torch_shim_last_begun=shim.graphalloc_torch_backend_last_begun,
         graphalloc_torch_shim_pool_of=shim.graphalloc_torch_backend_route_of,
-        graphalloc_torch_shim_abandon=shim.graphalloc_torch_backend_abandon))
-    return torch.cuda.memory._get_current_allocator(), ""
+        graphalloc_torch_shim_abandon=shim.graphalloc_torch_backend_abandon)
 
 
 def _install_pluggable(torch, shim, shim_reason: str, patch_torch: bool, hooks: bool):

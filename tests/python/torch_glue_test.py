@@ -285,6 +285,12 @@ class BackendChoiceTest(unittest.TestCase):
         self.assertTrue(gat.hooks()["graph_pools"].startswith("wired (the backend"), gat.hooks()["graph_pools"])
         self.assertTrue(gat.hooks()["oom"].startswith("raises torch.cuda.OutOfMemoryError"), gat.hooks()["oom"])
         self.assertEqual(gat.hooks()["empty_cache"], "served by the backend (PyTorch's own entry points)")
+        # Pool questions go to the backend's table once it is installed.
+        try:
+            self.assertEqual(gat.graph_pool_id((7, 0), device=0), 42)
+            self.assertEqual(gat.open_capture_routes(), 0)
+        finally:
+            gat._pool_table = None
 
 
 if __name__ == "__main__":
