@@ -91,6 +91,13 @@ absl::Status HistoryRing::RecordHistory(const HistoryOptions& options) {
   if (options.enabled && options.max_entries == 0) {
     return absl::InvalidArgumentError("history max_entries must be at least 1 when recording is enabled");
   }
+  if (options.enabled && options.max_entries > kMaxHistoryEntries) {
+    // The ring is allocated whole, rounded up to a power of two: a larger request is a mistake (or
+    // PyTorch's "unbounded" sys.maxsize), never memory the process could have.
+    return absl::InvalidArgumentError(absl::StrCat("history max_entries ", options.max_entries,
+                                                   " exceeds the largest ring, ", kMaxHistoryEntries,
+                                                   " events"));
+  }
   MutexLock lock(&mu_);
   if (!options.enabled) {
     active_.store(nullptr, std::memory_order_release);

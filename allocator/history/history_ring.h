@@ -36,6 +36,8 @@
 namespace graphalloc {
 
 inline constexpr int kMaxHistoryFrames = 16;
+// The largest ring RecordHistory accepts: 2^28 events, about 15 GB of slots (more with stacks).
+inline constexpr std::size_t kMaxHistoryEntries = std::size_t{1} << 28;
 
 struct HistoryOptions {
   bool enabled = false;

@@ -77,6 +77,10 @@ graphalloc::CachingAllocator& TorchBackend::AllocatorOf(c10::DeviceIndex device)
 // ---- Allocation and free: the hot path. ----
 
 void* TorchBackend::Allocate(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+  // PyTorch refuses these before anything else (no observer, no history), in these words.
+  constexpr size_t kOneExaByte = size_t{1} << 60;
+  TORCH_CHECK_WITH(OutOfMemoryError, C10_LIKELY(size < kOneExaByte),
+                   "CUDA out of memory. Tried to allocate more than 1EB memory.");
   graphalloc::CachingAllocator& allocator = AllocatorOf(device);
   absl::StatusOr<graphalloc::DevicePtr> ptr = allocator.Allocate(size, graphalloc::StreamFromNative(stream));
   if (!ptr.ok()) {
@@ -379,8 +383,12 @@ void TorchBackend::recordHistory(bool enabled, cca::CreateContextFn context_reco
   history_.Configure(enabled, context_recorder, alloc_trace_max_entries, when, clear_history, skip_actions);
   // graphalloc's own ring records the segment events (maps, unmaps, segment allocations) the snapshot adds.
   std::lock_guard<std::mutex> lock(history_mu_);
+  // PyTorch's trace grows to max_entries (sys.maxsize by default); graphalloc's ring of segment events is
+  // allocated whole, so it keeps at most the newest kSegmentEventRingCap of them (docs/torch_backend.md).
   history_options_ = graphalloc::HistoryOptions{
-      .enabled = enabled, .max_entries = std::max<size_t>(alloc_trace_max_entries, 1), .stacks = false};
+      .enabled = enabled,
+      .max_entries = std::clamp<size_t>(alloc_trace_max_entries, 1, kSegmentEventRingCap),
+      .stacks = false};
   for (int device = 0; device < graphalloc::kMaxDevices; ++device) {
     graphalloc::CachingAllocator* allocator = Existing(static_cast<c10::DeviceIndex>(device));
     if (allocator == nullptr) continue;

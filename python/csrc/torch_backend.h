@@ -41,6 +41,9 @@ class TorchBackend final : public cca::CUDAAllocator {
   // The process's backend, created on first call.
   static TorchBackend& Get();
 
+  // The most segment events graphalloc's own history ring keeps for a recordHistory (2^18, some 15 MB).
+  static constexpr size_t kSegmentEventRingCap = size_t{1} << 18;
+
   // ---- c10::Allocator / DeviceAllocator ----
   c10::DataPtr allocate(size_t size) override;
   c10::DeleterFnPtr raw_deleter() const override { return &RawDelete; }

@@ -47,6 +47,9 @@ namespace {
 
 // The pluggable allocator's malloc must not return null on failure: throw what PyTorch throws.
 void* Malloc(std::size_t size, int device, CudaStream stream) {
+  // PyTorch refuses these before asking its allocator, in these words (its tests match them).
+  TORCH_CHECK_WITH(OutOfMemoryError, size < (std::size_t{1} << 60),
+                   "CUDA out of memory. Tried to allocate more than 1EB memory.");
   void* ptr = nullptr;
   const int code = graphalloc_malloc(&ptr, size, device, stream);
   if (code == GRAPHALLOC_OK) return ptr;

@@ -170,6 +170,17 @@ TEST(HistoryRingTest, ZeroMaxEntriesIsAnError) {
   EXPECT_FALSE(ring.enabled());
 }
 
+TEST(HistoryRingTest, MaxEntriesBeyondTheLargestRingIsAnError) {
+  HistoryRing ring;
+  ASSERT_TRUE(ring.RecordHistory(On(4)).ok());
+  // PyTorch's "unbounded" default (sys.maxsize) must be refused, not allocated.
+  const absl::Status s = ring.RecordHistory(On(std::size_t{1} << 63));
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("exceeds the largest ring, 268435456 events"));
+  EXPECT_TRUE(ring.enabled());  // the ring in use is kept
+  EXPECT_EQ(ring.options().max_entries, 4u);
+}
+
 TEST(HistoryRingTest, EightThreadsRecordConcurrently) {
   constexpr int kThreads = 8;
   constexpr int kPerThread = 20000;

@@ -132,6 +132,19 @@ class BackendHistoryTest(unittest.TestCase):
         self.assertEqual(sizes, [512 * (i + 1) for i in range(20 - len(sizes), 20)])
         del ts
 
+    def test_default_max_entries_records(self):
+        # PyTorch's default max_entries is sys.maxsize: its trace grows, graphalloc's segment ring is capped.
+        torch = self.torch
+        torch.cuda.synchronize()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        torch.cuda.memory._record_memory_history()
+        x = torch.empty(3 * 1024 * 1024 + 5, dtype=torch.uint8, device="cuda")
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        allocs = [e for e in trace if e["action"] == "alloc" and e["addr"] == x.data_ptr()]
+        self.assertEqual(len(allocs), 1)
+        self.assertEqual(allocs[0]["size"], 3 * 1024 * 1024 + 5)  # the requested size, as PyTorch records
+        del x
+
     def test_dump_snapshot_renders_with_memory_viz(self):
         torch = self.torch
         from torch.cuda import _memory_viz

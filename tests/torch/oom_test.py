@@ -37,6 +37,14 @@ class OomTest(unittest.TestCase):
         x = torch.ones(1000, device="cuda")
         self.assertEqual(float(x.sum()), 1000.0)
 
+    def test_more_than_an_exabyte_is_refused_in_pytorchs_words(self):
+        torch, gat = self.torch, self.gat
+        before = gat.memory_stats()["num_ooms"]
+        with self.assertRaisesRegex(torch.cuda.OutOfMemoryError, "Tried to allocate more than 1EB memory"):
+            torch.empty(1024 * 1024 * 1024 * 8000000000, dtype=torch.int8, device="cuda")
+        if gat.backend() == "allocator":  # refused before graphalloc is asked, as PyTorch does
+            self.assertEqual(gat.memory_stats()["num_ooms"], before)
+
     def test_memory_fraction_cap_raises_and_the_retry_fits(self):
         torch = self.torch
         total = torch.cuda.get_device_properties(0).total_memory
