@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/size_policy.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/size_policy.h"
 
 namespace graphalloc {
 namespace {
@@ -32,8 +32,6 @@ class RelaxedCaptureMode {
   bool exchanged_ = false;
   CaptureMode previous_ = CaptureMode::kGlobal;
 };
-
-std::size_t RoundUpTo(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
 
 }  // namespace
 
@@ -122,7 +120,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& s
 absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, std::size_t size,
                                                             std::size_t requested) {
   const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
-  const std::size_t segment_size = no_split ? RoundUpTo(size, kRoundLarge) : SegmentSizeFor(size, config_);
+  const std::size_t segment_size = no_split ? RoundUp(size, kRoundLarge) : SegmentSizeFor(size, config_);
   {
     MutexLock lock(&device_mu_);
     const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);

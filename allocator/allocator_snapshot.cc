@@ -4,7 +4,7 @@
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
-#include "allocator/caching_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 namespace {

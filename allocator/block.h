@@ -14,10 +14,10 @@
 #include <new>
 #include <vector>
 
-#include "allocator/device/driver.h"
-#include "allocator/expandable_segment.h"
-#include "allocator/huge_page_memory.h"
-#include "allocator/segment_source.h"
+#include "graphalloc/allocator/base/huge_page_memory.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/expandable_segment.h"
+#include "graphalloc/allocator/segment_source.h"
 
 namespace graphalloc {
 

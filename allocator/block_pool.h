@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "absl/container/btree_map.h"
-#include "allocator/block.h"
-#include "allocator/free_block_index.h"
+#include "graphalloc/allocator/block.h"
+#include "graphalloc/allocator/free_block_index.h"
 
 namespace graphalloc {
 

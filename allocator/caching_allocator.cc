@@ -1,12 +1,12 @@
 // The hot path: find the stream's shard, allocate from and free into its cache; plus the small public
 // operations.
-#include "allocator/caching_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/size_policy.h"
+#include "graphalloc/allocator/size_policy.h"
 
 namespace graphalloc {
 namespace {

@@ -17,11 +17,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "graphalloc/allocator/base/bytes.h"
 
 namespace graphalloc {
 
-inline constexpr std::size_t kMiB = std::size_t{1} << 20;
-inline constexpr std::size_t kGiB = std::size_t{1} << 30;
 // Power-of-two intervals for roundup_power2_divisions: [1 MiB, 2 MiB), ... up to >= 32 GiB.
 inline constexpr int kRoundUpPowerOfTwoIntervals = 16;
 

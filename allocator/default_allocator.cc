@@ -1,4 +1,4 @@
-#include "allocator/default_allocator.h"
+#include "graphalloc/allocator/default_allocator.h"
 
 #include <array>
 #include <atomic>
@@ -6,9 +6,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/device/cuda_driver.h"
-#include "allocator/device/sim_driver.h"
-#include "allocator/mutex.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 namespace graphalloc {
 namespace {

@@ -7,7 +7,7 @@
 #define GRAPHALLOC_ALLOCATOR_DEFAULT_ALLOCATOR_H_
 
 #include "absl/status/statusor.h"
-#include "allocator/caching_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 

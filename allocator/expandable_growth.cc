@@ -18,8 +18,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/size_policy.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/size_policy.h"
 
 namespace graphalloc {
 namespace {
@@ -61,8 +61,6 @@ constexpr std::size_t kMaxLargeChunkSize = std::size_t{1} << 30;
 // capacity a growth costs a handle per 2 MiB (gpt2_train at its smallest capacity: ~3,900 handles
 // instead of 248); far from it nothing changes.
 constexpr double kFinePagesShare = 0.3;
-
-std::size_t RoundUpTo(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
 
 // Free (or unmapped), and owned by no one: may join a growth's run.
 bool Usable(const Block* b) {
@@ -108,7 +106,7 @@ struct CachingAllocator::GrowthPlan {
 absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shard, std::size_t size,
                                                                std::size_t requested) {
   const bool small = IsSmall(size);
-  const std::size_t reservation = RoundUpTo(driver_->Info().total_memory, driver_->Info().granularity);
+  const std::size_t reservation = RoundUp(driver_->Info().total_memory, driver_->Info().granularity);
   if (size > reservation) return DevicePtr{0};
   // A chunk left mapped without access by an earlier failure is fixed before more memory is mapped (it
   // may serve this request then). Not unmapped during a capture, which forbids freeing device memory.
@@ -143,7 +141,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shar
 }
 
 absl::Status CachingAllocator::CreateExpandableSegment(StreamShard& shard, bool small) {
-  const std::size_t size = RoundUpTo(driver_->Info().total_memory, driver_->Info().granularity);
+  const std::size_t size = RoundUp(driver_->Info().total_memory, driver_->Info().granularity);
   absl::StatusOr<DevicePtr> base = driver_->AddressReserve(size, 0);
   if (!base.ok()) return base.status();  // nothing was reserved: nothing to undo
   SpinLockHolder shard_lock(&shard.mu);
@@ -198,7 +196,7 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
     pool.unmapped.erase(b->ptr);
     plan->holes.push_back({b, {}});
     last_hole = b;
-    last_need = std::min(b->end(), RoundUpTo(need_end, gran)) - b->ptr;
+    last_need = std::min(b->end(), RoundUp(need_end, gran)) - b->ptr;
   }
 
   // Idle chunks of the shard, largest first: wholly free mapped chunks of its expandable segments.

@@ -5,7 +5,7 @@
 // without access), which a release tries first.
 #include <algorithm>
 
-#include "allocator/caching_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 

@@ -1,4 +1,4 @@
-#include "allocator/expandable_segment.h"
+#include "graphalloc/allocator/expandable_segment.h"
 
 namespace graphalloc {
 

@@ -14,7 +14,7 @@
 
 #include "absl/container/btree_map.h"
 #include "absl/status/status.h"
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
 

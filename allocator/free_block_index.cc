@@ -1,4 +1,4 @@
-#include "allocator/free_block_index.h"
+#include "graphalloc/allocator/free_block_index.h"
 
 namespace graphalloc {
 

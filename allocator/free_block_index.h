@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/container/btree_set.h"
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
 

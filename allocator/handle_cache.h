@@ -14,7 +14,7 @@
 #include <map>
 #include <vector>
 
-#include "allocator/expandable_segment.h"
+#include "graphalloc/allocator/expandable_segment.h"
 
 namespace graphalloc {
 

@@ -25,8 +25,8 @@
 #include <new>
 
 #include "absl/container/flat_hash_map.h"
-#include "allocator/block.h"
-#include "allocator/huge_page_memory.h"
+#include "graphalloc/allocator/base/huge_page_memory.h"
+#include "graphalloc/allocator/block.h"
 
 namespace graphalloc {
 

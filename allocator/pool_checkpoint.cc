@@ -13,8 +13,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/size_policy.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/size_policy.h"
 
 namespace graphalloc {
 namespace {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "allocator/device/driver.h"
-#include "allocator/private_pool.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/private_pool.h"
 
 namespace graphalloc {
 

@@ -1,7 +1,7 @@
 // Private pools: creation, users and pins, per-pool statistics and cache release, and the release of a
 // pool nobody uses any more.
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 

@@ -7,7 +7,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <utility>
 
-#include "allocator/private_pool.h"
-#include "allocator/segment_source.h"
+#include "graphalloc/allocator/private_pool.h"
+#include "graphalloc/allocator/segment_source.h"
 
 namespace graphalloc {
 

@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
 

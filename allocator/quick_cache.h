@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "allocator/block.h"
+#include "graphalloc/allocator/block.h"
 
 namespace graphalloc {
 

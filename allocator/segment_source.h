@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
 

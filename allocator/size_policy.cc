@@ -1,15 +1,9 @@
-#include "allocator/size_policy.h"
+#include "graphalloc/allocator/size_policy.h"
 
 #include <bit>
 
-#include "absl/strings/str_format.h"
-
 namespace graphalloc {
 namespace {
-
-std::size_t RoundUp(std::size_t value, std::size_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
 
 std::size_t DivisionsFor(std::size_t size, const Config& config) {
   int interval = static_cast<int>(std::bit_width(size)) - 1 - 20;  // floor(log2(size)) - 20
@@ -42,14 +36,6 @@ std::size_t SegmentSizeFor(std::size_t rounded, const Config& config) {
   if (rounded <= kSmallSize) return kSmallBuffer;
   if (rounded < kMinLargeAlloc) return config.large_segment_size;
   return RoundUp(rounded, kRoundLarge);
-}
-
-std::string FormatBytes(std::size_t bytes) {
-  if (bytes <= 1024) return absl::StrFormat("%d bytes", bytes);
-  const double b = static_cast<double>(bytes);
-  if (bytes < kMiB) return absl::StrFormat("%.2f KiB", b / 1024.0);
-  if (bytes < kGiB) return absl::StrFormat("%.2f MiB", b / static_cast<double>(kMiB));
-  return absl::StrFormat("%.2f GiB", b / static_cast<double>(kGiB));
 }
 
 }  // namespace graphalloc

@@ -5,7 +5,8 @@
 
 #include <cstddef>
 
-#include "allocator/config.h"
+#include "graphalloc/allocator/base/bytes.h"
+#include "graphalloc/allocator/config.h"
 
 namespace graphalloc {
 
@@ -24,9 +25,6 @@ inline bool IsSmall(std::size_t rounded) { return rounded <= kSmallSize; }
 
 // The size of a new regular segment that serves a request of `rounded` bytes.
 std::size_t SegmentSizeFor(std::size_t rounded, const Config& config);
-
-// "512 bytes", "1.50 KiB", "2.00 GiB": sizes as error messages and reports print them.
-std::string FormatBytes(std::size_t bytes);
 
 }  // namespace graphalloc
 

@@ -4,8 +4,8 @@
 #include <array>
 
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/device/driver_error.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/driver_error.h"
 
 namespace graphalloc {
 

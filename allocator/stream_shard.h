@@ -13,14 +13,14 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "allocator/block.h"
-#include "allocator/block_pool.h"
-#include "allocator/mutex.h"
-#include "allocator/pointer_map.h"
-#include "allocator/pool_state.h"
-#include "allocator/quick_cache.h"
-#include "allocator/size_policy.h"
-#include "allocator/stats.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/block.h"
+#include "graphalloc/allocator/block_pool.h"
+#include "graphalloc/allocator/pointer_map.h"
+#include "graphalloc/allocator/pool_state.h"
+#include "graphalloc/allocator/quick_cache.h"
+#include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/stats/stats.h"
 
 namespace graphalloc {
 

@@ -5,8 +5,8 @@
 #include <random>
 #include <utility>
 
-#include "allocator/device/cuda_driver.h"
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 namespace graphalloc::bench {
 namespace {

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc::bench {
 

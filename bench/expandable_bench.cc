@@ -63,10 +63,10 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/device/cuda_driver.h"
-#include "allocator/device/sim_driver.h"
 #include "bench/timed_driver.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 namespace graphalloc {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "allocator/history/history_ring.h"
+#include "graphalloc/allocator/history/history_ring.h"
 
 namespace graphalloc {
 namespace {

@@ -26,10 +26,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "allocator/device/cuda_driver.h"
 #include "bench/bench_support.h"
 #include "bench/c10_peer.h"
 #include "bench/trace_replay_support.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
 
 namespace graphalloc::bench {
 namespace {

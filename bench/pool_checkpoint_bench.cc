@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
 #include "bench/bench_support.h"
+#include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 namespace {

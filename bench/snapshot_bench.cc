@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <string>
 
-#include "allocator/snapshot/snapshot_json.h"
-#include "allocator/snapshot/torch_snapshot.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 
 namespace graphalloc {
 namespace {

@@ -21,7 +21,7 @@
 #include <memory>
 #include <utility>
 
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc::bench {
 

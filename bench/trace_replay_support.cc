@@ -9,8 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/config.h"
-#include "allocator/trace/trace_replay.h"
+#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/trace/trace_replay.h"
 
 #ifndef GRAPHALLOC_BENCH_TRACE_DIR
 #define GRAPHALLOC_BENCH_TRACE_DIR "traces"

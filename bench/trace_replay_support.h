@@ -46,9 +46,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/device/driver.h"
-#include "allocator/trace/trace_reader.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/trace/trace_reader.h"
 
 namespace graphalloc::bench {
 

@@ -6,9 +6,13 @@ install(TARGETS graphalloc graphalloc_static graphalloc_shared EXPORT graphalloc
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# Headers as users include them, <graphalloc/allocator/...>, <graphalloc/graph/...>, <graphalloc/rng/...>;
+# the C ABI also as <graphalloc/graphalloc.h>. The devices' internals (sim/, cuda/) and the headers internal
+# to one layer's sources are not installed: no installed header includes them.
 install(DIRECTORY allocator graph rng DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/graphalloc
-        FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
-install(FILES allocator/c_api/graphalloc.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+        FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
+        REGEX "allocator/device/(sim|cuda)/" EXCLUDE REGEX "_internal\\.h$" EXCLUDE)
+install(FILES allocator/c_api/graphalloc.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/graphalloc)
 install(EXPORT graphallocTargets NAMESPACE graphalloc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/graphalloc)
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/graphallocConfig.cmake.in

@@ -1,4 +1,4 @@
-#include "graph/capture_session.h"
+#include "graphalloc/graph/capture_session.h"
 
 #include <string>
 
@@ -28,12 +28,14 @@ absl::Status CaptureSession::Begin() {
     return Annotate(s, "capture session: could not begin capturing the stream");
   }
   capturing_ = true;
-  absl::StatusOr<PoolRoute> route = allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForCaptureOf(stream_));
+  absl::StatusOr<PoolRoute> route =
+      allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForCaptureOf(stream_));
   if (!route.ok()) {
     const absl::Status cleanup = Abort();
     std::string context =
         absl::StrCat("capture session: could not route the capture's allocations to pool ", pool_.id());
-    if (!cleanup.ok()) absl::StrAppend(&context, " (ending the capture also failed: ", cleanup.message(), ")");
+    if (!cleanup.ok())
+      absl::StrAppend(&context, " (ending the capture also failed: ", cleanup.message(), ")");
     return Annotate(route.status(), context);
   }
   route_ = std::move(*route);
@@ -49,8 +51,9 @@ absl::StatusOr<OwnedGraph> CaptureSession::End() {
   // also when the capture failed: the pool must not keep receiving this thread's allocations.
   const absl::Status route = route_.End();
   if (!graph.ok()) {
-    return Annotate(graph.status(), "capture session: the capture failed (a call the driver refuses during "
-                                    "capture invalidates it; see the driver's error)");
+    return Annotate(graph.status(),
+                    "capture session: the capture failed (a call the driver refuses during "
+                    "capture invalidates it; see the driver's error)");
   }
   OwnedGraph owned(&driver, *graph);
   if (!route.ok()) return Annotate(route, "capture session: ending the pool route failed");
@@ -70,8 +73,9 @@ absl::Status CaptureSession::Abort() {
   return first;
 }
 
-absl::StatusOr<OwnedGraph> CaptureIntoPool(CachingAllocator& allocator, const PrivatePool& pool, Stream stream,
-                                           absl::FunctionRef<absl::Status(Stream)> body, CaptureOptions options) {
+absl::StatusOr<OwnedGraph> CaptureIntoPool(CachingAllocator& allocator, const PrivatePool& pool,
+                                           Stream stream, absl::FunctionRef<absl::Status(Stream)> body,
+                                           CaptureOptions options) {
   CaptureSession session(allocator, pool, stream, options);
   if (absl::Status s = session.Begin(); !s.ok()) return s;
   if (absl::Status s = body(stream); !s.ok()) {

@@ -16,8 +16,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
 
@@ -68,7 +68,8 @@ struct CaptureOptions {
 // below is the one-call form. Not movable: it is a scope.
 class CaptureSession {
  public:
-  CaptureSession(CachingAllocator& allocator, const PrivatePool& pool, Stream stream, CaptureOptions options = {})
+  CaptureSession(CachingAllocator& allocator, const PrivatePool& pool, Stream stream,
+                 CaptureOptions options = {})
       : allocator_(allocator), pool_(pool), stream_(stream), options_(options) {}
   CaptureSession(const CaptureSession&) = delete;
   CaptureSession& operator=(const CaptureSession&) = delete;
@@ -98,8 +99,8 @@ class CaptureSession {
 // Captures what `body` enqueues on `stream` (body receives the stream) into a graph, allocations routed to
 // `pool`. If `body` fails, its error is returned with the capture's cleanup status appended; the stream is
 // no longer capturing and the route is closed in every case.
-absl::StatusOr<OwnedGraph> CaptureIntoPool(CachingAllocator& allocator, const PrivatePool& pool, Stream stream,
-                                           absl::FunctionRef<absl::Status(Stream)> body,
+absl::StatusOr<OwnedGraph> CaptureIntoPool(CachingAllocator& allocator, const PrivatePool& pool,
+                                           Stream stream, absl::FunctionRef<absl::Status(Stream)> body,
                                            CaptureOptions options = {});
 
 }  // namespace graphalloc

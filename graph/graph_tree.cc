@@ -1,6 +1,6 @@
 // GraphTree: creation, the per-call decision (warmup, replay, record, eager), replay and steps. Warmup
 // and recording are in tree_recording.cc, the dump in tree_dump.cc.
-#include "graph/graph_tree.h"
+#include "graphalloc/graph/graph_tree.h"
 
 #include <cstdio>
 #include <utility>

@@ -44,12 +44,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "allocator/caching_allocator.h"
-#include "graph/capture_session.h"
-#include "graph/recording_key.h"
-#include "graph/tree_dump.h"
-#include "graph/tree_node.h"
-#include "graph/tree_output.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/graph/capture_session.h"
+#include "graphalloc/graph/recording_key.h"
+#include "graphalloc/graph/tree_dump.h"
+#include "graphalloc/graph/tree_node.h"
+#include "graphalloc/graph/tree_output.h"
 
 namespace graphalloc {
 

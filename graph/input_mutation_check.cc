@@ -1,4 +1,4 @@
-#include "graph/input_mutation_check.h"
+#include "graphalloc/graph/input_mutation_check.h"
 
 #include <cstring>
 

@@ -12,8 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "allocator/device/driver.h"
-#include "graph/tree_output.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/graph/tree_output.h"
 
 namespace graphalloc {
 

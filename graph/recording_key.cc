@@ -1,4 +1,4 @@
-#include "graph/recording_key.h"
+#include "graphalloc/graph/recording_key.h"
 
 #include <algorithm>
 

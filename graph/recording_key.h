@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
 

@@ -1,4 +1,4 @@
-#include "graph/site_executables.h"
+#include "graphalloc/graph/site_executables.h"
 
 namespace graphalloc {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "graph/capture_session.h"
+#include "graphalloc/graph/capture_session.h"
 
 namespace graphalloc {
 

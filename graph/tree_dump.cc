@@ -1,10 +1,10 @@
-#include "graph/tree_dump.h"
+#include "graphalloc/graph/tree_dump.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "graph/graph_tree.h"
+#include "graphalloc/graph/graph_tree.h"
 
 namespace graphalloc {
 

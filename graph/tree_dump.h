@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "allocator/private_pool.h"
-#include "graph/recording_key.h"
-#include "graph/site_executables.h"
-#include "graph/tree_output.h"
+#include "graphalloc/allocator/private_pool.h"
+#include "graphalloc/graph/recording_key.h"
+#include "graphalloc/graph/site_executables.h"
+#include "graphalloc/graph/tree_output.h"
 
 namespace graphalloc {
 

@@ -18,12 +18,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
-#include "allocator/pool_checkpoint.h"
-#include "graph/capture_session.h"
-#include "graph/recording_key.h"
-#include "graph/site_executables.h"
-#include "graph/tree_output.h"
-#include "rng/generator.h"
+#include "graphalloc/allocator/pool_checkpoint.h"
+#include "graphalloc/graph/capture_session.h"
+#include "graphalloc/graph/recording_key.h"
+#include "graphalloc/graph/site_executables.h"
+#include "graphalloc/graph/tree_output.h"
+#include "graphalloc/rng/generator.h"
 
 namespace graphalloc {
 

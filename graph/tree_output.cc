@@ -1,7 +1,7 @@
-#include "graph/tree_output.h"
+#include "graphalloc/graph/tree_output.h"
 
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 

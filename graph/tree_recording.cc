@@ -12,10 +12,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "graph/graph_tree.h"
-#include "graph/input_mutation_check.h"
-#include "rng/draw_guard.h"
-#include "rng/generator.h"
+#include "graphalloc/graph/graph_tree.h"
+#include "graphalloc/graph/input_mutation_check.h"
+#include "graphalloc/rng/draw_guard.h"
+#include "graphalloc/rng/generator.h"
 
 namespace graphalloc {
 namespace {

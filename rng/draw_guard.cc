@@ -1,4 +1,4 @@
-#include "rng/draw_guard.h"
+#include "graphalloc/rng/draw_guard.h"
 
 namespace graphalloc {
 namespace {

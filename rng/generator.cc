@@ -1,4 +1,4 @@
-#include "rng/generator.h"
+#include "graphalloc/rng/generator.h"
 
 #include <atomic>
 #include <cstdio>
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "rng/draw_guard.h"
-#include "rng/random_ops.h"
+#include "graphalloc/rng/draw_guard.h"
+#include "graphalloc/rng/random_ops.h"
 
 namespace graphalloc {
 namespace {

@@ -41,9 +41,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "allocator/device/driver.h"
-#include "allocator/mutex.h"
-#include "rng/philox_args.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/rng/philox_args.h"
 
 namespace graphalloc {
 

@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "rng/philox.h"
+#include "graphalloc/rng/philox.h"
 
 namespace graphalloc::rng_policy {
 

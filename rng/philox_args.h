@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "rng/philox.h"
+#include "graphalloc/rng/philox.h"
 
 namespace graphalloc {
 

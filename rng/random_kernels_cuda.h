@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "rng/philox_args.h"
-#include "rng/random_op_bodies.h"
+#include "graphalloc/rng/philox_args.h"
+#include "graphalloc/rng/random_op_bodies.h"
 
 namespace graphalloc::rng_cuda {
 

@@ -7,9 +7,9 @@
 
 #include <cstdint>
 
-#include "rng/launch_policy.h"
-#include "rng/philox.h"
-#include "rng/philox_args.h"
+#include "graphalloc/rng/launch_policy.h"
+#include "graphalloc/rng/philox.h"
+#include "graphalloc/rng/philox_args.h"
 
 namespace graphalloc::rng_body {
 

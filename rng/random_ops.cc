@@ -1,13 +1,13 @@
-#include "rng/random_ops.h"
+#include "graphalloc/rng/random_ops.h"
 
 #include <cmath>
 #include <string>
 
 #include "absl/strings/str_format.h"
-#include "rng/launch_policy.h"
+#include "graphalloc/rng/launch_policy.h"
 
 #if defined(GRAPHALLOC_RNG_HAVE_CUDA_KERNELS)
-#include "rng/random_kernels_cuda.h"
+#include "graphalloc/rng/random_kernels_cuda.h"
 #endif
 
 namespace graphalloc {

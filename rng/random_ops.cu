@@ -21,8 +21,8 @@
 //     on an H100 (the old dropout kernel used 40 registers: 6 blocks per SM and a second, 1/3-full wave).
 #include <cuda_runtime.h>
 
-#include "rng/launch_policy.h"
-#include "rng/random_kernels_cuda.h"
+#include "graphalloc/rng/launch_policy.h"
+#include "graphalloc/rng/random_kernels_cuda.h"
 
 namespace graphalloc::rng_cuda {
 namespace {

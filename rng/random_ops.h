@@ -15,9 +15,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "allocator/device/driver.h"
-#include "rng/philox_args.h"
-#include "rng/random_op_bodies.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/rng/philox_args.h"
+#include "graphalloc/rng/random_op_bodies.h"
 
 namespace graphalloc {
 

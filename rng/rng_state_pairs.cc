@@ -1,4 +1,4 @@
-#include "rng/rng_state_pairs.h"
+#include "graphalloc/rng/rng_state_pairs.h"
 
 #include "absl/strings/str_format.h"
 

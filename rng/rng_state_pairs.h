@@ -30,9 +30,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "allocator/device/driver.h"
-#include "allocator/mutex.h"
-#include "rng/generator.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/rng/generator.h"
 
 namespace graphalloc {
 

@@ -10,7 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 
 namespace graphalloc::tools {
 

@@ -18,9 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/device/cuda_driver.h"
-#include "allocator/device/driver.h"
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 #include "tools/cli_common.h"
 #include "tools/snapshot/snapshot_views.h"
 

@@ -7,7 +7,7 @@
 #include <iostream>
 #include <string>
 
-#include "allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
 #include "tools/cli_common.h"
 #include "tools/device_command.h"
 #include "tools/replay_command.h"

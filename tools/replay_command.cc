@@ -27,14 +27,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/config.h"
-#include "allocator/device/cuda_driver.h"
-#include "allocator/device/driver.h"
-#include "allocator/device/sim_driver.h"
-#include "allocator/snapshot/snapshot_json.h"
-#include "allocator/trace/trace_reader.h"
-#include "allocator/trace/trace_replay.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/device/sim_driver.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/trace/trace_reader.h"
+#include "graphalloc/allocator/trace/trace_replay.h"
 #include "tools/cli_common.h"
 #include "tools/snapshot/snapshot_views.h"
 
@@ -66,8 +66,6 @@ std::string SnapshotPath(const std::string& path, absl::string_view label) {
     return absl::StrCat(path, ".", label);
   return absl::StrCat(path.substr(0, dot), ".", label, path.substr(dot));
 }
-
-std::size_t RoundUp(std::size_t bytes, std::size_t step) { return (bytes + step - 1) / step * step; }
 
 // The device one replay runs on: `kind` is "sim" or "cuda"; `capacity` 0 means the device as it is.
 struct DeviceSetup {
@@ -173,8 +171,7 @@ void PrintText(const ReplayCliOptions& options, const Trace& trace, const std::s
   std::cout << "\n";
   if (!no_gpu.empty()) std::cout << "No GPU used:   " << no_gpu << "\n";
   if (run.effective_capacity != 0) {
-    std::cout << "Capacity:      " << FormatBytes(run.effective_capacity) << " (" << run.effective_capacity
-              << " bytes)";
+    std::cout << "Capacity:      " << FormatBytesExact(run.effective_capacity);
     if (kind == "cuda" && run.device_free.has_value() && *run.device_free < run.effective_capacity) {
       std::cout << "; note: only " << FormatBytes(*run.device_free) << " of the device is free";
     }
@@ -183,12 +180,11 @@ void PrintText(const ReplayCliOptions& options, const Trace& trace, const std::s
   std::cout << "Config:        " << DescribeConfig(config, options.config) << "\n";
   std::cout << "Events:        " << r.events << " of " << trace.events.size() << " (" << r.allocs
             << " allocs, " << r.frees << " frees)\n";
-  std::cout << "Peak live:     " << FormatBytes(r.peak_live_bytes) << " (" << r.peak_live_bytes << " bytes)";
+  std::cout << "Peak live:     " << FormatBytesExact(r.peak_live_bytes);
   if (!r.completed)
     std::cout << " up to the stop; the whole trace's: " << FormatBytes(r.trace_peak_live_bytes);
   std::cout << "\n";
-  std::cout << "Peak reserved: " << FormatBytes(r.peak_reserved_bytes) << " (" << r.peak_reserved_bytes
-            << " bytes)\n";
+  std::cout << "Peak reserved: " << FormatBytesExact(r.peak_reserved_bytes) << "\n";
   std::cout << "Ratio:         " << absl::StrFormat("%.3f", r.ratio) << "\n";
   if (r.completed) {
     std::cout << "Completed:     yes\n";

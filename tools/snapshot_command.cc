@@ -10,8 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/snapshot/snapshot_json.h"
-#include "allocator/snapshot/torch_snapshot.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 #include "tools/cli_common.h"
 #include "tools/snapshot/snapshot_views.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 
 namespace graphalloc::tools {
 

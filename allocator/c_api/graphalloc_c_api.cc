@@ -5,10 +5,10 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/c_api/c_api_internal.h"
-#include "allocator/c_api/graphalloc.h"
-#include "allocator/default_allocator.h"
-#include "allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/c_api/c_api_internal.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 
 namespace graphalloc {
 namespace c_api {

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "allocator/c_api/c_api_internal.h"
-#include "allocator/c_api/graphalloc.h"
-#include "allocator/default_allocator.h"
+#include "graphalloc/allocator/c_api/c_api_internal.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/default_allocator.h"
 
 namespace graphalloc::c_api {
 namespace {

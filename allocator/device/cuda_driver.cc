@@ -11,7 +11,7 @@
 // id, moved into the Graph at EndCapture and shared with each GraphExec; it is freed when the graph and all
 // its execs are destroyed. CUDA frees a destroyed exec that is still running only when it completes, so, as
 // for any memory a launched graph uses, callers destroy an exec after its launches have finished.
-#include "allocator/device/cuda_driver.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
 
 #include <algorithm>
 #include <memory>
@@ -22,9 +22,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/device/cuda/cuda_symbols.h"
-#include "allocator/device/driver_error.h"
-#include "allocator/mutex.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/device/cuda/cuda_symbols.h"
+#include "graphalloc/allocator/device/driver_error.h"
 
 namespace graphalloc {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
 

@@ -1,4 +1,4 @@
-#include "allocator/device/driver_error.h"
+#include "graphalloc/allocator/device/driver_error.h"
 
 #include <string>
 
@@ -38,13 +38,12 @@ constexpr ResultText kResults[] = {
     {800, "CUDA_ERROR_NOT_PERMITTED", "operation not permitted"},
     {801, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
     {900, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"},
-    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
-     "operation failed due to a previous error during capture"},
-    {902, "CUDA_ERROR_STREAM_CAPTURE_MERGE", "operation would result in a merge of separate capture sequences"},
+    {901, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"},
+    {902, "CUDA_ERROR_STREAM_CAPTURE_MERGE",
+     "operation would result in a merge of separate capture sequences"},
     {903, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"},
     {904, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
-    {905, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
-     "dependency created on uncaptured work in another stream"},
+    {905, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "dependency created on uncaptured work in another stream"},
     {906, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
      "operation would make the legacy stream depend on a capturing blocking stream"},
     {908, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",

@@ -2,7 +2,7 @@
 //
 // The device's memory, streams and capture live in allocator/device/sim/ (see sim_state.h for the shared
 // state and its locking rules).
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/device/sim/sim_state.h"
+#include "graphalloc/allocator/device/sim/sim_state.h"
 
 namespace graphalloc {
 namespace {

@@ -16,8 +16,8 @@
 #include <span>
 #include <vector>
 
-#include "allocator/device/driver.h"
-#include "allocator/device/driver_error.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver_error.h"
 
 namespace graphalloc {
 

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
-#include "allocator/history/history_ring.h"
-#include "allocator/mutex.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/history/history_ring.h"
 
 namespace graphalloc {
 namespace history_internal {

@@ -1,4 +1,4 @@
-#include "allocator/history/history_ring.h"
+#include "graphalloc/allocator/history/history_ring.h"
 
 #include <cxxabi.h>
 #include <dlfcn.h>

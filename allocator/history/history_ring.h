@@ -26,8 +26,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "allocator/mutex.h"
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <x86intrin.h>

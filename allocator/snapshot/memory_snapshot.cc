@@ -1,4 +1,4 @@
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 
 #include <algorithm>
 #include <array>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "allocator/snapshot/snapshot_internal.h"
+#include "graphalloc/allocator/snapshot/snapshot_internal.h"
 
 namespace graphalloc {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "allocator/stats.h"
+#include "graphalloc/allocator/stats/stats.h"
 
 namespace graphalloc {
 

@@ -1,11 +1,11 @@
-#include "allocator/snapshot/pickle.h"
+#include "graphalloc/allocator/snapshot/pickle.h"
 
 #include <cstring>
 #include <limits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/snapshot/snapshot_internal.h"
+#include "graphalloc/allocator/snapshot/snapshot_internal.h"
 
 namespace graphalloc {
 namespace {

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "absl/strings/string_view.h"
-#include "allocator/stats.h"
+#include "graphalloc/allocator/stats/stats.h"
 
 namespace graphalloc::snapshot_internal {
 

@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 
 namespace graphalloc {
 

@@ -9,8 +9,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/snapshot/snapshot_internal.h"
-#include "allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/base/status_macros.h"
+#include "graphalloc/allocator/snapshot/snapshot_internal.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 
 namespace graphalloc {
 namespace {
@@ -130,13 +131,6 @@ class ObjectReader {
   std::string path_;
 };
 
-#define GA_RETURN_IF_ERROR(expr)              \
-  do {                                        \
-    if (absl::Status _s = (expr); !_s.ok()) { \
-      return _s;                              \
-    }                                         \
-  } while (false)
-
 constexpr std::uint64_t kNoStack = std::numeric_limits<std::uint64_t>::max();
 
 // A reference from a block, segment or event to the "stacks" table, resolved once the table is read.
@@ -148,7 +142,7 @@ struct StackRef {
 
 absl::Status ReadStackRef(const ObjectReader& r, std::vector<Frame>* frames, std::vector<StackRef>* refs) {
   std::uint64_t index = kNoStack;
-  GA_RETURN_IF_ERROR(r.U64("stack", &index, /*required=*/false));
+  GRAPHALLOC_RETURN_IF_ERROR(r.U64("stack", &index, /*required=*/false));
   if (index != kNoStack) refs->push_back({frames, index, r.PathOf("stack")});
   return absl::OkStatus();
 }
@@ -158,7 +152,7 @@ absl::Status ReadEvent(const json& value, const std::string& path, HistoryEvent*
   absl::StatusOr<ObjectReader> r = ObjectReader::Of(value, path);
   if (!r.ok()) return r.status();
   std::string action;
-  GA_RETURN_IF_ERROR(r->String("action", &action));
+  GRAPHALLOC_RETURN_IF_ERROR(r->String("action", &action));
   std::optional<HistoryAction> parsed = ParseHistoryAction(action);
   if (!parsed.has_value()) {
     return Error(
@@ -168,12 +162,12 @@ absl::Status ReadEvent(const json& value, const std::string& path, HistoryEvent*
                      "segment_map, segment_unmap, oom or snapshot"));
   }
   e->action = *parsed;
-  GA_RETURN_IF_ERROR(r->U64("address", &e->address));
-  GA_RETURN_IF_ERROR(r->U64("size", &e->size));
-  GA_RETURN_IF_ERROR(r->U64("stream", &e->stream));
-  GA_RETURN_IF_ERROR(r->U64("pool_id", &e->pool_id, false));
-  GA_RETURN_IF_ERROR(r->I64("time_us", &e->time_us));
-  GA_RETURN_IF_ERROR(r->String("annotation", &e->annotation, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("address", &e->address));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("size", &e->size));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("stream", &e->stream));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("pool_id", &e->pool_id, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->I64("time_us", &e->time_us));
+  GRAPHALLOC_RETURN_IF_ERROR(r->String("annotation", &e->annotation, false));
   *stack = kNoStack;
   return r->U64("stack", stack, false);
 }
@@ -251,12 +245,12 @@ absl::Status ReadStats(const ObjectReader& root, DeviceStats* stats) {
       absl::StatusOr<ObjectReader> sr = ObjectReader::Of(**s, ar->PathOf(kStatTypeNames[t]));
       if (!sr.ok()) return sr.status();
       for (const auto& [field_name, field] : kStatFields) {
-        GA_RETURN_IF_ERROR(sr->I64(field_name, &((stats->*array).by_type[t].*field), false));
+        GRAPHALLOC_RETURN_IF_ERROR(sr->I64(field_name, &((stats->*array).by_type[t].*field), false));
       }
     }
   }
   for (const auto& [name, counter] : kStatCounters)
-    GA_RETURN_IF_ERROR(r->I64(name, &(stats->*counter), false));
+    GRAPHALLOC_RETURN_IF_ERROR(r->I64(name, &(stats->*counter), false));
   return absl::OkStatus();
 }
 
@@ -266,9 +260,9 @@ absl::Status ReadFrames(const json& value, const std::string& path, std::vector<
     absl::StatusOr<ObjectReader> r = ObjectReader::Of(value[i], Index(path, i));
     if (!r.ok()) return r.status();
     Frame f;
-    GA_RETURN_IF_ERROR(r->String("function", &f.function));
-    GA_RETURN_IF_ERROR(r->String("file", &f.file, false));
-    GA_RETURN_IF_ERROR(r->Int("line", &f.line, false));
+    GRAPHALLOC_RETURN_IF_ERROR(r->String("function", &f.function));
+    GRAPHALLOC_RETURN_IF_ERROR(r->String("file", &f.file, false));
+    GRAPHALLOC_RETURN_IF_ERROR(r->Int("line", &f.line, false));
     frames->push_back(std::move(f));
   }
   return absl::OkStatus();
@@ -278,19 +272,19 @@ absl::Status ReadBlock(const json& value, const std::string& path, BlockSnapshot
                        std::vector<StackRef>* refs) {
   absl::StatusOr<ObjectReader> r = ObjectReader::Of(value, path);
   if (!r.ok()) return r.status();
-  GA_RETURN_IF_ERROR(r->U64("address", &b->address));
-  GA_RETURN_IF_ERROR(r->U64("size", &b->size));
-  GA_RETURN_IF_ERROR(r->U64("requested_size", &b->requested_size, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("address", &b->address));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("size", &b->size));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("requested_size", &b->requested_size, false));
   std::string state;
-  GA_RETURN_IF_ERROR(r->String("state", &state));
+  GRAPHALLOC_RETURN_IF_ERROR(r->String("state", &state));
   std::optional<BlockState> parsed = ParseBlockState(state);
   if (!parsed.has_value()) {
     return Error(r->PathOf("state"),
                  absl::StrCat("unknown state '", state, "'; expected allocated, pending_free or free"));
   }
   b->state = *parsed;
-  GA_RETURN_IF_ERROR(r->U64("stream", &b->stream, false));
-  GA_RETURN_IF_ERROR(r->String("annotation", &b->annotation, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("stream", &b->stream, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->String("annotation", &b->annotation, false));
   return ReadStackRef(*r, &b->frames, refs);
 }
 
@@ -298,18 +292,18 @@ absl::Status ReadSegment(const json& value, const std::string& path, SegmentSnap
                          std::vector<StackRef>* refs) {
   absl::StatusOr<ObjectReader> r = ObjectReader::Of(value, path);
   if (!r.ok()) return r.status();
-  GA_RETURN_IF_ERROR(r->U64("address", &s->address));
-  GA_RETURN_IF_ERROR(r->U64("total_size", &s->total_size));
-  GA_RETURN_IF_ERROR(r->U64("stream", &s->stream, false));
-  GA_RETURN_IF_ERROR(r->U64("pool_id", &s->pool_id, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("address", &s->address));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("total_size", &s->total_size));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("stream", &s->stream, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("pool_id", &s->pool_id, false));
   std::string kind = "large";
-  GA_RETURN_IF_ERROR(r->String("kind", &kind, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->String("kind", &kind, false));
   std::optional<SegmentKind> parsed = ParseSegmentKind(kind);
   if (!parsed.has_value()) {
     return Error(r->PathOf("kind"), absl::StrCat("unknown kind '", kind, "'; expected small or large"));
   }
   s->kind = *parsed;
-  GA_RETURN_IF_ERROR(r->Bool("expandable", &s->expandable, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->Bool("expandable", &s->expandable, false));
   absl::StatusOr<const json*> mapped = r->Array("mapped", false);
   if (!mapped.ok()) return mapped.status();
   if (*mapped != nullptr) {
@@ -317,18 +311,18 @@ absl::Status ReadSegment(const json& value, const std::string& path, SegmentSnap
       absl::StatusOr<ObjectReader> m = ObjectReader::Of((**mapped)[i], Index(r->PathOf("mapped"), i));
       if (!m.ok()) return m.status();
       MappedRange range;
-      GA_RETURN_IF_ERROR(m->U64("offset", &range.offset));
-      GA_RETURN_IF_ERROR(m->U64("size", &range.size));
-      GA_RETURN_IF_ERROR(m->Bool("accessible", &range.accessible, false));
+      GRAPHALLOC_RETURN_IF_ERROR(m->U64("offset", &range.offset));
+      GRAPHALLOC_RETURN_IF_ERROR(m->U64("size", &range.size));
+      GRAPHALLOC_RETURN_IF_ERROR(m->Bool("accessible", &range.accessible, false));
       s->mapped.push_back(range);
     }
   }
-  GA_RETURN_IF_ERROR(ReadStackRef(*r, &s->frames, refs));
+  GRAPHALLOC_RETURN_IF_ERROR(ReadStackRef(*r, &s->frames, refs));
   absl::StatusOr<const json*> blocks = r->Array("blocks");
   if (!blocks.ok()) return blocks.status();
   s->blocks.resize((*blocks)->size());
   for (std::size_t i = 0; i < s->blocks.size(); ++i) {
-    GA_RETURN_IF_ERROR(ReadBlock((**blocks)[i], Index(r->PathOf("blocks"), i), &s->blocks[i], refs));
+    GRAPHALLOC_RETURN_IF_ERROR(ReadBlock((**blocks)[i], Index(r->PathOf("blocks"), i), &s->blocks[i], refs));
   }
   return absl::OkStatus();
 }
@@ -336,12 +330,12 @@ absl::Status ReadSegment(const json& value, const std::string& path, SegmentSnap
 absl::Status ReadPool(const json& value, const std::string& path, PoolSnapshot* p) {
   absl::StatusOr<ObjectReader> r = ObjectReader::Of(value, path);
   if (!r.ok()) return r.status();
-  GA_RETURN_IF_ERROR(r->U64("id", &p->id));
-  GA_RETURN_IF_ERROR(r->I64("use_count", &p->use_count, false));
-  GA_RETURN_IF_ERROR(r->U64("reserved_bytes", &p->reserved_bytes, false));
-  GA_RETURN_IF_ERROR(r->U64("allocated_bytes", &p->allocated_bytes, false));
-  GA_RETURN_IF_ERROR(r->U64("peak_reserved_bytes", &p->peak_reserved_bytes, false));
-  GA_RETURN_IF_ERROR(r->U64("peak_allocated_bytes", &p->peak_allocated_bytes, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("id", &p->id));
+  GRAPHALLOC_RETURN_IF_ERROR(r->I64("use_count", &p->use_count, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("reserved_bytes", &p->reserved_bytes, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("allocated_bytes", &p->allocated_bytes, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("peak_reserved_bytes", &p->peak_reserved_bytes, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->U64("peak_allocated_bytes", &p->peak_allocated_bytes, false));
   return absl::OkStatus();
 }
 
@@ -355,7 +349,7 @@ absl::Status ReadHeader(const ObjectReader& root) {
                               *f == nullptr ? " (the field is missing)" : ""));
   }
   std::int64_t version = 0;
-  GA_RETURN_IF_ERROR(root.I64("version", &version));
+  GRAPHALLOC_RETURN_IF_ERROR(root.I64("version", &version));
   if (version != kSnapshotFormatVersion) {
     return Error("version",
                  absl::StrCat("snapshot format version ", version,
@@ -368,31 +362,31 @@ absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot*
   absl::StatusOr<ObjectReader> root = ObjectReader::Of(doc, "");
   if (!root.ok())
     return Error("(top level)", absl::StrCat("expected a JSON object, found ", doc.type_name()));
-  GA_RETURN_IF_ERROR(ReadHeader(*root));
+  GRAPHALLOC_RETURN_IF_ERROR(ReadHeader(*root));
   if (!streamer.status().ok()) return streamer.status();
   out->format_version = kSnapshotFormatVersion;
-  GA_RETURN_IF_ERROR(root->String("label", &out->label, false));
-  GA_RETURN_IF_ERROR(root->String("source", &out->source, false));
-  GA_RETURN_IF_ERROR(root->I64("time_us", &out->time_us, false));
+  GRAPHALLOC_RETURN_IF_ERROR(root->String("label", &out->label, false));
+  GRAPHALLOC_RETURN_IF_ERROR(root->String("source", &out->source, false));
+  GRAPHALLOC_RETURN_IF_ERROR(root->I64("time_us", &out->time_us, false));
   absl::StatusOr<const json*> device = root->Get("device", false);
   if (!device.ok()) return device.status();
   if (*device != nullptr) {
     absl::StatusOr<ObjectReader> d = ObjectReader::Of(**device, "device");
     if (!d.ok()) return d.status();
-    GA_RETURN_IF_ERROR(d->Int("ordinal", &out->device.ordinal, false));
-    GA_RETURN_IF_ERROR(d->String("name", &out->device.name, false));
-    GA_RETURN_IF_ERROR(d->U64("total_memory", &out->device.total_memory, false));
-    GA_RETURN_IF_ERROR(d->U64("granularity", &out->device.granularity, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->Int("ordinal", &out->device.ordinal, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->String("name", &out->device.name, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->U64("total_memory", &out->device.total_memory, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->U64("granularity", &out->device.granularity, false));
   }
-  GA_RETURN_IF_ERROR(root->String("config", &out->config, false));
-  GA_RETURN_IF_ERROR(ReadStats(*root, &out->stats));
+  GRAPHALLOC_RETURN_IF_ERROR(root->String("config", &out->config, false));
+  GRAPHALLOC_RETURN_IF_ERROR(ReadStats(*root, &out->stats));
 
   absl::StatusOr<const json*> pools = root->Array("pools", false);
   if (!pools.ok()) return pools.status();
   if (*pools != nullptr) {
     out->pools.resize((*pools)->size());
     for (std::size_t i = 0; i < out->pools.size(); ++i) {
-      GA_RETURN_IF_ERROR(ReadPool((**pools)[i], Index("pools", i), &out->pools[i]));
+      GRAPHALLOC_RETURN_IF_ERROR(ReadPool((**pools)[i], Index("pools", i), &out->pools[i]));
     }
   }
 
@@ -402,7 +396,7 @@ absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot*
   if (*stack_table != nullptr) {
     stacks.resize((*stack_table)->size());
     for (std::size_t i = 0; i < stacks.size(); ++i) {
-      GA_RETURN_IF_ERROR(ReadFrames((**stack_table)[i], Index("stacks", i), &stacks[i]));
+      GRAPHALLOC_RETURN_IF_ERROR(ReadFrames((**stack_table)[i], Index("stacks", i), &stacks[i]));
     }
   }
 
@@ -411,7 +405,7 @@ absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot*
   if (!segments.ok()) return segments.status();
   out->segments.resize((*segments)->size());
   for (std::size_t i = 0; i < out->segments.size(); ++i) {
-    GA_RETURN_IF_ERROR(ReadSegment((**segments)[i], Index("segments", i), &out->segments[i], &refs));
+    GRAPHALLOC_RETURN_IF_ERROR(ReadSegment((**segments)[i], Index("segments", i), &out->segments[i], &refs));
   }
 
   absl::StatusOr<const json*> history = root->Get("history", false);
@@ -420,9 +414,9 @@ absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot*
     absl::StatusOr<ObjectReader> h = ObjectReader::Of(**history, "history");
     if (!h.ok()) return h.status();
     std::uint64_t max_entries = 0;
-    GA_RETURN_IF_ERROR(h->U64("max_entries", &max_entries, false));
+    GRAPHALLOC_RETURN_IF_ERROR(h->U64("max_entries", &max_entries, false));
     out->history_max_entries = max_entries;
-    GA_RETURN_IF_ERROR(h->Bool("overflowed", &out->history_overflowed, false));
+    GRAPHALLOC_RETURN_IF_ERROR(h->Bool("overflowed", &out->history_overflowed, false));
     absl::StatusOr<const json*> events = h->Array("events", false);
     if (!events.ok()) return events.status();
     // The streamer took every object; anything left is not one.

@@ -9,8 +9,8 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "allocator/snapshot/snapshot_internal.h"
-#include "allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/snapshot_internal.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 
 namespace graphalloc {
 namespace {

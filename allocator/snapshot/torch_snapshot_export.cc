@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "allocator/snapshot/pickle.h"
-#include "allocator/snapshot/torch_snapshot.h"
+#include "graphalloc/allocator/snapshot/pickle.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 
 namespace graphalloc {
 namespace {

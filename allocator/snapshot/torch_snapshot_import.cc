@@ -7,8 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "allocator/snapshot/pickle.h"
-#include "allocator/snapshot/torch_snapshot.h"
+#include "graphalloc/allocator/base/status_macros.h"
+#include "graphalloc/allocator/snapshot/pickle.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 
 namespace graphalloc {
 namespace {
@@ -21,13 +22,6 @@ absl::Status Error(absl::string_view path, absl::string_view what) {
 absl::Status TypeError(absl::string_view path, absl::string_view expected, const PickleValue& found) {
   return Error(path, absl::StrCat("expected ", expected, ", found ", found.TypeName()));
 }
-
-#define GA_RETURN_IF_ERROR(expr)              \
-  do {                                        \
-    if (absl::Status _s = (expr); !_s.ok()) { \
-      return _s;                              \
-    }                                         \
-  } while (false)
 
 // A dict of the pickle, with the path it was found at.
 class Dict {
@@ -52,7 +46,7 @@ class Dict {
   }
   absl::Status U64(absl::string_view key, std::uint64_t* out, bool required) const {
     std::int64_t i = static_cast<std::int64_t>(*out);
-    GA_RETURN_IF_ERROR(Int(key, &i, required));
+    GRAPHALLOC_RETURN_IF_ERROR(Int(key, &i, required));
     *out = static_cast<std::uint64_t>(i);  // addresses at or past 2^63 arrive as their bit pattern
     return absl::OkStatus();
   }
@@ -100,10 +94,10 @@ absl::Status ReadFrames(const Dict& d, std::vector<Frame>* frames) {
     absl::StatusOr<Dict> f = Dict::Of((*list)->items[i], Index(d.PathOf("frames"), i));
     if (!f.ok()) return f.status();
     Frame frame;
-    GA_RETURN_IF_ERROR(f->String("name", &frame.function, false));
-    GA_RETURN_IF_ERROR(f->String("filename", &frame.file, false));
+    GRAPHALLOC_RETURN_IF_ERROR(f->String("name", &frame.function, false));
+    GRAPHALLOC_RETURN_IF_ERROR(f->String("filename", &frame.file, false));
     std::int64_t line = 0;
-    GA_RETURN_IF_ERROR(f->Int("line", &line, false));
+    GRAPHALLOC_RETURN_IF_ERROR(f->Int("line", &line, false));
     frame.line = static_cast<int>(line);
     frames->push_back(std::move(frame));
   }
@@ -112,7 +106,7 @@ absl::Status ReadFrames(const Dict& d, std::vector<Frame>* frames) {
 
 absl::StatusOr<BlockState> ReadState(const Dict& d) {
   std::string state;
-  GA_RETURN_IF_ERROR(d.String("state", &state, true));
+  GRAPHALLOC_RETURN_IF_ERROR(d.String("state", &state, true));
   if (state == "active_allocated") return BlockState::kAllocated;
   if (state == "active_pending_free" || state == "active_awaiting_free") return BlockState::kPendingFree;
   if (state == "inactive") return BlockState::kFree;
@@ -134,20 +128,20 @@ absl::Status ReadPoolId(const Dict& d, std::uint64_t* pool_id) {
 }
 
 absl::Status ReadSegment(const Dict& d, SegmentSnapshot* seg) {
-  GA_RETURN_IF_ERROR(d.U64("address", &seg->address, true));
-  GA_RETURN_IF_ERROR(d.U64("total_size", &seg->total_size, true));
-  GA_RETURN_IF_ERROR(d.U64("stream", &seg->stream, false));
+  GRAPHALLOC_RETURN_IF_ERROR(d.U64("address", &seg->address, true));
+  GRAPHALLOC_RETURN_IF_ERROR(d.U64("total_size", &seg->total_size, true));
+  GRAPHALLOC_RETURN_IF_ERROR(d.U64("stream", &seg->stream, false));
   std::string type = "large";
-  GA_RETURN_IF_ERROR(d.String("segment_type", &type, false));
+  GRAPHALLOC_RETURN_IF_ERROR(d.String("segment_type", &type, false));
   if (type != "small" && type != "large") {
     return Error(d.PathOf("segment_type"),
                  absl::StrCat("unknown segment type '", type, "'; expected small or large"));
   }
   seg->kind = type == "small" ? SegmentKind::kSmall : SegmentKind::kLarge;
-  GA_RETURN_IF_ERROR(ReadPoolId(d, &seg->pool_id));
-  GA_RETURN_IF_ERROR(d.Bool("is_expandable", &seg->expandable));
+  GRAPHALLOC_RETURN_IF_ERROR(ReadPoolId(d, &seg->pool_id));
+  GRAPHALLOC_RETURN_IF_ERROR(d.Bool("is_expandable", &seg->expandable));
   if (seg->expandable) seg->mapped.push_back({0, seg->total_size});
-  GA_RETURN_IF_ERROR(ReadFrames(d, &seg->frames));
+  GRAPHALLOC_RETURN_IF_ERROR(ReadFrames(d, &seg->frames));
   absl::StatusOr<const PickleNode*> blocks = d.List("blocks", true);
   if (!blocks.ok()) return blocks.status();
   std::uint64_t next = seg->address;
@@ -156,16 +150,16 @@ absl::Status ReadSegment(const Dict& d, SegmentSnapshot* seg) {
     if (!b.ok()) return b.status();
     BlockSnapshot block;
     block.address = next;  // older PyTorch leaves addresses out: blocks are contiguous
-    GA_RETURN_IF_ERROR(b->U64("address", &block.address, false));
-    GA_RETURN_IF_ERROR(b->U64("size", &block.size, true));
-    GA_RETURN_IF_ERROR(b->U64("requested_size", &block.requested_size, false));
+    GRAPHALLOC_RETURN_IF_ERROR(b->U64("address", &block.address, false));
+    GRAPHALLOC_RETURN_IF_ERROR(b->U64("size", &block.size, true));
+    GRAPHALLOC_RETURN_IF_ERROR(b->U64("requested_size", &block.requested_size, false));
     absl::StatusOr<BlockState> state = ReadState(*b);
     if (!state.ok()) return state.status();
     block.state = *state;
     if (block.state == BlockState::kFree) block.requested_size = 0;
     block.stream = seg->stream;
-    GA_RETURN_IF_ERROR(b->String("user_metadata", &block.annotation, false));
-    GA_RETURN_IF_ERROR(ReadFrames(*b, &block.frames));
+    GRAPHALLOC_RETURN_IF_ERROR(b->String("user_metadata", &block.annotation, false));
+    GRAPHALLOC_RETURN_IF_ERROR(ReadFrames(*b, &block.frames));
     next = block.address + block.size;
     seg->blocks.push_back(std::move(block));
   }
@@ -176,17 +170,18 @@ absl::Status ReadSegment(const Dict& d, SegmentSnapshot* seg) {
 
 absl::Status ReadTraceEntry(const Dict& d, bool* keep, HistoryEvent* e) {
   std::string action;
-  GA_RETURN_IF_ERROR(d.String("action", &action, true));
+  GRAPHALLOC_RETURN_IF_ERROR(d.String("action", &action, true));
   std::optional<HistoryAction> parsed = ParseHistoryAction(action);
   *keep = parsed.has_value();  // newer PyTorch actions this model has no name for are skipped
   if (!*keep) return absl::OkStatus();
   e->action = *parsed;
-  GA_RETURN_IF_ERROR(d.U64(e->action == HistoryAction::kOom ? "device_free" : "addr", &e->address, false));
-  GA_RETURN_IF_ERROR(d.U64("size", &e->size, false));
-  GA_RETURN_IF_ERROR(d.U64("stream", &e->stream, false));
-  GA_RETURN_IF_ERROR(d.Int("time_us", &e->time_us, false));
-  GA_RETURN_IF_ERROR(d.U64("pool_id", &e->pool_id, false));
-  GA_RETURN_IF_ERROR(d.String("user_metadata", &e->annotation, false));
+  GRAPHALLOC_RETURN_IF_ERROR(
+      d.U64(e->action == HistoryAction::kOom ? "device_free" : "addr", &e->address, false));
+  GRAPHALLOC_RETURN_IF_ERROR(d.U64("size", &e->size, false));
+  GRAPHALLOC_RETURN_IF_ERROR(d.U64("stream", &e->stream, false));
+  GRAPHALLOC_RETURN_IF_ERROR(d.Int("time_us", &e->time_us, false));
+  GRAPHALLOC_RETURN_IF_ERROR(d.U64("pool_id", &e->pool_id, false));
+  GRAPHALLOC_RETURN_IF_ERROR(d.String("user_metadata", &e->annotation, false));
   return ReadFrames(d, &e->frames);
 }
 
@@ -238,7 +233,7 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
   for (std::size_t i = 0; i < segment_devices.size(); ++i) {
     absl::StatusOr<Dict> d = Dict::Of((*segments)->items[i], Index("segments", i));
     if (!d.ok()) return d.status();
-    GA_RETURN_IF_ERROR(d->Int("device", &segment_devices[i], false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->Int("device", &segment_devices[i], false));
   }
   // The devices with data: a segment, or a non-empty trace.
   std::set<std::int64_t> present(segment_devices.begin(), segment_devices.end());
@@ -259,7 +254,7 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
     if (segment_devices[i] != device) continue;
     absl::StatusOr<Dict> d = Dict::Of((*segments)->items[i], Index("segments", i));
     SegmentSnapshot seg;
-    GA_RETURN_IF_ERROR(ReadSegment(*d, &seg));
+    GRAPHALLOC_RETURN_IF_ERROR(ReadSegment(*d, &seg));
     out->segments.push_back(std::move(seg));
   }
   std::stable_sort(out->segments.begin(), out->segments.end(),
@@ -275,7 +270,7 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
       if (!d.ok()) return d.status();
       HistoryEvent e;
       bool keep = false;
-      GA_RETURN_IF_ERROR(ReadTraceEntry(*d, &keep, &e));
+      GRAPHALLOC_RETURN_IF_ERROR(ReadTraceEntry(*d, &keep, &e));
       if (keep) out->history.push_back(std::move(e));
     }
   }
@@ -283,14 +278,14 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
   if (const PickleValue* settings = top->Find("allocator_settings"); settings != nullptr) {
     absl::StatusOr<Dict> d = Dict::Of(*settings, "allocator_settings");
     if (!d.ok()) return d.status();
-    GA_RETURN_IF_ERROR(d->String("PYTORCH_CUDA_ALLOC_CONF", &out->config, false));
-    GA_RETURN_IF_ERROR(d->Int("max_split_size", &out->stats.max_split_size, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->String("PYTORCH_CUDA_ALLOC_CONF", &out->config, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->Int("max_split_size", &out->stats.max_split_size, false));
     std::uint64_t max_entries = 0;
-    GA_RETURN_IF_ERROR(d->U64("trace_alloc_max_entries", &max_entries, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->U64("trace_alloc_max_entries", &max_entries, false));
     out->history_max_entries = max_entries;
-    GA_RETURN_IF_ERROR(d->Bool("trace_alloc_overflowed", &out->history_overflowed));
-    GA_RETURN_IF_ERROR(d->String("graphalloc_label", &out->label, false));
-    GA_RETURN_IF_ERROR(d->String("graphalloc_device_name", &out->device.name, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->Bool("trace_alloc_overflowed", &out->history_overflowed));
+    GRAPHALLOC_RETURN_IF_ERROR(d->String("graphalloc_label", &out->label, false));
+    GRAPHALLOC_RETURN_IF_ERROR(d->String("graphalloc_device_name", &out->device.name, false));
   }
   if (out->history_max_entries == 0 && !out->history.empty()) out->history_max_entries = out->history.size();
   Recompute(*out);

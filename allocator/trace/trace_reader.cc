@@ -1,6 +1,6 @@
 // Reading and writing allocation traces (trace_reader.h): CSV parsing with line-numbered errors, gzip via
 // zlib's inflate/deflate on in-memory buffers.
-#include "allocator/trace/trace_reader.h"
+#include "graphalloc/allocator/trace/trace_reader.h"
 
 #include <zlib.h>
 
@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 
 namespace graphalloc {
 namespace {

@@ -1,5 +1,5 @@
 // Trace replay (trace_replay.h): validate and measure the trace, then drive the allocator with it.
-#include "allocator/trace/trace_replay.h"
+#include "graphalloc/allocator/trace/trace_replay.h"
 
 #include <algorithm>
 #include <chrono>

@@ -15,8 +15,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/trace/trace_reader.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/trace/trace_reader.h"
 
 namespace graphalloc {
 

@@ -27,8 +27,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_support.h"
-#include "graph/graph_tree.h"
-#include "graph/testing/tiny_kernels.h"
+#include "examples/kernels/tiny_kernels.h"
+#include "graphalloc/graph/graph_tree.h"
 
 namespace graphalloc::bench {
 namespace {

@@ -1,5 +1,5 @@
 // The graphed training step against the same step run eagerly: the example MLP with dropout
-// (graph/examples/mlp.h), one optimizer step (forward, backward, cloned gradients, SGD) per iteration, on
+// (examples/mlp/mlp.h), one optimizer step (forward, backward, cloned gradients, SGD) per iteration, on
 // the simulated device and on GPU 0. The MLP is small, so an eager step is bound by its ~25 kernel
 // launches and host work, which a graph replay replaces with two launches: the speedup issue 7 asks for.
 //
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "bench/bench_support.h"
-#include "graph/examples/mlp.h"
+#include "examples/mlp/mlp.h"
 
 namespace graphalloc::bench {
 namespace {

@@ -17,9 +17,9 @@
 #include <curand.h>
 #endif
 
-#include "rng/launch_policy.h"
-#include "rng/philox_args.h"
-#include "rng/random_kernels_cuda.h"
+#include "graphalloc/rng/launch_policy.h"
+#include "graphalloc/rng/philox_args.h"
+#include "graphalloc/rng/random_kernels_cuda.h"
 
 namespace graphalloc {
 namespace {

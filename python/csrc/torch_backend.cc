@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
-#include "allocator/size_policy.h"
+#include "graphalloc/allocator/size_policy.h"
 #include "python/csrc/torch_snapshot.h"
 #include "python/csrc/torch_stats.h"
 

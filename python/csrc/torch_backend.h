@@ -27,8 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/default_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/default_allocator.h"
 #include "python/csrc/torch_history.h"
 #include "python/csrc/torch_pools.h"
 

@@ -22,8 +22,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/pool_checkpoint.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/pool_checkpoint.h"
 
 namespace graphalloc_torch {
 

@@ -24,7 +24,7 @@
 #include <string>
 #include <utility>
 
-#include "allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
 #include "python/csrc/torch_hook_types.h"
 
 #ifdef GRAPHALLOC_TORCH_HOOK_CHECK_HEADER

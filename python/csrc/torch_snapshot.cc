@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "allocator/config.h"
+#include "graphalloc/allocator/config.h"
 
 namespace graphalloc_torch {
 namespace {

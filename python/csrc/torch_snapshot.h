@@ -9,7 +9,7 @@
 #include <functional>
 #include <vector>
 
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "python/csrc/torch_history.h"
 
 namespace graphalloc_torch {

@@ -6,7 +6,7 @@
 #include <iostream>
 #include <random>
 
-#include "allocator/caching_allocator.h"
+#include "graphalloc/allocator/caching_allocator.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/device_memory.h"

@@ -1,10 +1,10 @@
 // TakeSnapshot() and the allocation history, against a known allocator state.
 #include <algorithm>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/snapshot/snapshot_json.h"
-#include "allocator/snapshot/torch_snapshot.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 

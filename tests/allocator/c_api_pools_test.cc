@@ -6,9 +6,9 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/c_api/graphalloc.h"
-#include "allocator/device/driver.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/device/driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_macros.h"
 #include "tests/testing/test_device.h"

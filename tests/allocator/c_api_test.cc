@@ -2,9 +2,9 @@
 #include <cstdlib>
 #include <string>
 
-#include "allocator/c_api/graphalloc.h"
-#include "allocator/snapshot/snapshot_json.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_device.h"
 

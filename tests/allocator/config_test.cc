@@ -1,4 +1,4 @@
-#include "allocator/config.h"
+#include "graphalloc/allocator/config.h"
 
 #include <cstdlib>
 #include <string>

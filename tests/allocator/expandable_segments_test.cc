@@ -2,9 +2,9 @@
 // chunks sized to the need, shrinking, idle chunks moved where a request needs them, blocks spanning
 // chunks, pages freed from the middle of a segment under a limit, and every VMM failure during a grow or a
 // shrink (simulated device only) leaving the allocator consistent and the device with nothing leaked.
-#include "allocator/caching_allocator.h"
-#include "allocator/device/sim_driver.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/device_memory.h"

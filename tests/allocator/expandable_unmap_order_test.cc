@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/device/sim_driver.h"
-#include "allocator/private_pool.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/sim_driver.h"
+#include "graphalloc/allocator/private_pool.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/status_macros.h"

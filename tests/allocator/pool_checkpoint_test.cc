@@ -10,9 +10,9 @@
 #include <set>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/size_policy.h"
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/device_memory.h"

@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/status_macros.h"

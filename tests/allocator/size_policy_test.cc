@@ -1,4 +1,4 @@
-#include "allocator/size_policy.h"
+#include "graphalloc/allocator/size_policy.h"
 
 #include "gtest/gtest.h"
 

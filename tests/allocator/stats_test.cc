@@ -1,6 +1,6 @@
 // DeviceStats::ToJson (graphalloc_stats_json, graphalloc.stats() in Python) against PyTorch's names: a
 // script written for torch.cuda.memory_stats() must find every key under the same name.
-#include "allocator/stats.h"
+#include "graphalloc/allocator/stats/stats.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

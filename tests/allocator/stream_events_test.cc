@@ -1,8 +1,8 @@
 // Cross-stream reuse: a block recorded on another stream is reused only after that stream's work up to
 // the Free() has completed.
 #include "absl/strings/str_format.h"
-#include "allocator/caching_allocator.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/caching_allocator.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/stream_gate.h"

@@ -1,9 +1,9 @@
 // Allocates and frees through an installed graphalloc on the simulated device; exits 0 on success.
-#include <cstdio>
+#include <graphalloc/allocator/caching_allocator.h>
+#include <graphalloc/allocator/device/sim_driver.h>
+#include <graphalloc/graphalloc.h>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/device/sim_driver.h"
-#include "graphalloc.h"
+#include <cstdio>
 
 int main() {
   auto driver = graphalloc::SimDriver::Create();

@@ -3,7 +3,7 @@
 // On the simulated entry (no GPU on CI) they check the missing-driver path: a clear Unavailable error and no
 // crash. On the GPU entry (GRAPHALLOC_TEST_DEVICE=cuda) they check what only the real driver can show: the
 // numbers it reports, a VMM round trip, error text, and who owns host closures captured into graphs.
-#include "allocator/device/cuda_driver.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
 
 #include <dlfcn.h>
 #include <gmock/gmock.h>
@@ -18,8 +18,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
-#include "allocator/device/driver_error.h"
-#include "allocator/mutex.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/device/driver_error.h"
 #include "tests/testing/test_device.h"
 
 namespace graphalloc {

@@ -2,7 +2,7 @@
 // with GRAPHALLOC_TEST_DEVICE=cuda (CTest label `gpu`), unchanged on the real GPU. Sizes come from the
 // device's own granularity. What only the simulated device can show (fault injection, counters, a death
 // test on a stale mapping) uses AsSim() and skips on the real one.
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 #include <cstdint>
 #include <cstring>
@@ -10,9 +10,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "allocator/device/driver_error.h"
-#include "allocator/device/sim_driver.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/base/bytes.h"
+#include "graphalloc/allocator/device/driver_error.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_macros.h"
 #include "tests/testing/test_device.h"
@@ -25,10 +26,6 @@ using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Optional;
-
-constexpr std::size_t kGiB = std::size_t{1} << 30;
-
-std::size_t RoundUp(std::size_t v, std::size_t to) { return (v + to - 1) / to * to; }
 
 std::vector<std::uint8_t> Pattern(std::size_t n, std::uint8_t seed) {
   std::vector<std::uint8_t> v(n);

@@ -1,7 +1,7 @@
 // Behaviours only the simulated device has or can show: options, manual completion, cross-stream waits,
 // deferred release, fault injection determinism, capture refusals by mode, capture joins, resource
 // counters and scale (tens of thousands of handles on one memfd).
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 #include <dirent.h>
 
@@ -16,8 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "allocator/device/driver_error.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/device/driver_error.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_macros.h"
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
 
 namespace {
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "allocator/config.h"
+#include "graphalloc/allocator/config.h"
 
 namespace {
 

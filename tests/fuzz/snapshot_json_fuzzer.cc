@@ -9,8 +9,8 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "allocator/snapshot/memory_snapshot.h"
-#include "allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 
 namespace {
 

@@ -9,10 +9,10 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
-#include "allocator/snapshot/memory_snapshot.h"
-#include "allocator/snapshot/pickle.h"
-#include "allocator/snapshot/snapshot_json.h"
-#include "allocator/snapshot/torch_snapshot.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/pickle.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 
 namespace {
 

@@ -10,10 +10,10 @@
 #include <memory>
 
 #include "absl/strings/string_view.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/device/sim_driver.h"
-#include "allocator/trace/trace_reader.h"
-#include "allocator/trace/trace_replay.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/sim_driver.h"
+#include "graphalloc/allocator/trace/trace_reader.h"
+#include "graphalloc/allocator/trace/trace_replay.h"
 
 namespace {
 

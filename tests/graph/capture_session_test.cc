@@ -1,6 +1,6 @@
 // Capture sessions: a captured function replays with the inputs' current values into pool addresses, and
 // a failing function or an invalidated capture leaves no capture, no route and no graph behind.
-#include "graph/capture_session.h"
+#include "graphalloc/graph/capture_session.h"
 
 #include "tests/graph/graph_test_util.h"
 
@@ -57,11 +57,12 @@ TEST_F(CaptureSessionTest, CapturedGraphComputesFromTheInputsCurrentValuesIntoIt
 TEST_F(CaptureSessionTest, FailingFunctionEndsTheCaptureAndTheRouteAndSaysWhatFailed) {
   ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool());
   DevicePtr leaked = 0;
-  absl::StatusOr<OwnedGraph> graph = CaptureIntoPool(*allocator_, pool, caller_, [&](Stream s) -> absl::Status {
-    absl::StatusOr<DevicePtr> p = allocator_->Allocate(kBytes, s);
-    if (p.ok()) leaked = *p;
-    return absl::InternalError("the function broke");
-  });
+  absl::StatusOr<OwnedGraph> graph =
+      CaptureIntoPool(*allocator_, pool, caller_, [&](Stream s) -> absl::Status {
+        absl::StatusOr<DevicePtr> p = allocator_->Allocate(kBytes, s);
+        if (p.ok()) leaked = *p;
+        return absl::InternalError("the function broke");
+      });
   ASSERT_FALSE(graph.ok());
   EXPECT_EQ(graph.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(graph.status().message().find("the function broke"), std::string_view::npos) << graph.status();
@@ -94,12 +95,13 @@ TEST_F(CaptureSessionTest, InvalidatedCaptureIsReportedAndLeavesNoGraph) {
   ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool());
   SimDriver* sim = AsSim(driver_.get());
   const std::size_t graphs_before = sim != nullptr ? sim->Counters().graphs : 0;
-  absl::StatusOr<OwnedGraph> graph = CaptureIntoPool(*allocator_, pool, caller_, [&](Stream s) -> absl::Status {
-    // Synchronizing a capturing stream is refused in every capture mode and invalidates the capture; the
-    // function ignores the error, as careless code would.
-    (void)driver_->StreamSynchronize(s);
-    return absl::OkStatus();
-  });
+  absl::StatusOr<OwnedGraph> graph =
+      CaptureIntoPool(*allocator_, pool, caller_, [&](Stream s) -> absl::Status {
+        // Synchronizing a capturing stream is refused in every capture mode and invalidates the capture; the
+        // function ignores the error, as careless code would.
+        (void)driver_->StreamSynchronize(s);
+        return absl::OkStatus();
+      });
   ASSERT_FALSE(graph.ok());
   EXPECT_NE(graph.status().message().find("the capture failed"), std::string_view::npos) << graph.status();
   ExpectNotCapturing();

@@ -12,22 +12,12 @@
 #include <utility>
 #include <vector>
 
-#include "graph/graph_tree.h"
-#include "graph/testing/tiny_kernels.h"
+#include "examples/kernels/tiny_kernels.h"
+#include "graphalloc/allocator/base/status_macros.h"
+#include "graphalloc/graph/graph_tree.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/status_macros.h"
-
-// For the tree functions below, which return absl::StatusOr.
-#define GA_RETURN_IF_ERROR(expr)                                \
-  do {                                                          \
-    if (absl::Status ga_s_ = (expr); !ga_s_.ok()) return ga_s_; \
-  } while (false)
-#define GA_ASSIGN_OR_RETURN(lhs, expr) GA_ASSIGN_OR_RETURN_IMPL(GA_CAT(ga_r_, __LINE__), lhs, expr)
-#define GA_ASSIGN_OR_RETURN_IMPL(var, lhs, expr) \
-  auto var = (expr);                             \
-  if (!var.ok()) return var.status();            \
-  lhs = *var
 
 namespace graphalloc::testing {
 
@@ -112,11 +102,11 @@ class GraphFixture : public AllocatorFixture {
     return
         [this, alpha](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
           const std::size_t n = in[0].bytes / sizeof(float);
-          GA_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
-          GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
-          GA_RETURN_IF_ERROR(ScaleF32(*driver_, s, tmp, in[0].ptr, n, alpha));
-          GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, tmp, in[1].ptr, n));
-          GA_RETURN_IF_ERROR(allocator_->Free(tmp));
+          GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
+          GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
+          GRAPHALLOC_RETURN_IF_ERROR(ScaleF32(*driver_, s, tmp, in[0].ptr, n, alpha));
+          GRAPHALLOC_RETURN_IF_ERROR(AddF32(*driver_, s, y, tmp, in[1].ptr, n));
+          GRAPHALLOC_RETURN_IF_ERROR(allocator_->Free(tmp));
           return std::vector<BufferView>{{y, in[0].bytes}};
         };
   }

@@ -1,6 +1,6 @@
 // The graph tree recorder, end to end, on the selected device (the simulated one, or the GPU as *_gpu):
 // every output is compared with what the function computes eagerly.
-#include "graph/graph_tree.h"
+#include "graphalloc/graph/graph_tree.h"
 
 #include <iostream>
 #include <random>
@@ -237,9 +237,9 @@ TEST_F(GraphTreeTest, BranchThatGrewThePoolStillReplaysAfterItsParentsCheckpoint
   constexpr std::size_t kBig = std::size_t{6} << 20;      // floats: 24 MiB, several 2 MiB chunks
   TreeFunction big = [this](std::span<const BufferView> in,
                             Stream s) -> absl::StatusOr<std::vector<BufferView>> {
-    GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(kBig * sizeof(float), s));
-    GA_RETURN_IF_ERROR(FillF32(*driver_, s, y, kBig, 1.5f));
-    GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, in[0].ptr, in[1].ptr, kN));
+    GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(kBig * sizeof(float), s));
+    GRAPHALLOC_RETURN_IF_ERROR(FillF32(*driver_, s, y, kBig, 1.5f));
+    GRAPHALLOC_RETURN_IF_ERROR(AddF32(*driver_, s, y, in[0].ptr, in[1].ptr, kN));
     return std::vector<BufferView>{{y, kBig * sizeof(float)}};
   };
   const FunctionId a = Register(Affine(2.0f), "A", {1});
@@ -276,16 +276,16 @@ TEST_F(GraphTreeTest, FunctionForkingWorkToASideStreamRecordsAndReplays) {
   TreeFunction forked = [&](std::span<const BufferView> in,
                             Stream s) -> absl::StatusOr<std::vector<BufferView>> {
     const std::size_t n = in[0].bytes / sizeof(float);
-    GA_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
-    GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
-    GA_RETURN_IF_ERROR(driver_->EventRecord(fork, s));
-    GA_RETURN_IF_ERROR(driver_->StreamWaitEvent(side, fork));
-    GA_RETURN_IF_ERROR(ScaleF32(*driver_, side, tmp, in[0].ptr, n, 2.0f));
-    GA_RETURN_IF_ERROR(allocator_->RecordStream(tmp, side));
-    GA_RETURN_IF_ERROR(driver_->EventRecord(join, side));
-    GA_RETURN_IF_ERROR(driver_->StreamWaitEvent(s, join));
-    GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, tmp, in[1].ptr, n));
-    GA_RETURN_IF_ERROR(allocator_->Free(tmp));
+    GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr tmp, allocator_->Allocate(in[0].bytes, s));
+    GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
+    GRAPHALLOC_RETURN_IF_ERROR(driver_->EventRecord(fork, s));
+    GRAPHALLOC_RETURN_IF_ERROR(driver_->StreamWaitEvent(side, fork));
+    GRAPHALLOC_RETURN_IF_ERROR(ScaleF32(*driver_, side, tmp, in[0].ptr, n, 2.0f));
+    GRAPHALLOC_RETURN_IF_ERROR(allocator_->RecordStream(tmp, side));
+    GRAPHALLOC_RETURN_IF_ERROR(driver_->EventRecord(join, side));
+    GRAPHALLOC_RETURN_IF_ERROR(driver_->StreamWaitEvent(s, join));
+    GRAPHALLOC_RETURN_IF_ERROR(AddF32(*driver_, s, y, tmp, in[1].ptr, n));
+    GRAPHALLOC_RETURN_IF_ERROR(allocator_->Free(tmp));
     return std::vector<BufferView>{{y, in[0].bytes}};
   };
   const FunctionId f = Register(forked, "forked", {1});

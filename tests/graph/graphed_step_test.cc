@@ -8,14 +8,14 @@
 //                                                      when recomputing)
 //   backward: gy = 2 * (y * gr),  gz = dropout'(gy),   slots {gx = gz * w, gw = gz * x}
 // A recomputing backward computes y again from the copy of x with the backward generator.
-#include "graph/graphed_step.h"
+#include "graphalloc/graph/lifetime/graphed_step.h"
 
 #include <iostream>
 #include <stdexcept>
 
 #include "absl/strings/match.h"
-#include "graph/examples/mlp_kernels.h"
-#include "rng/random_ops.h"
+#include "examples/mlp/mlp_kernels.h"
+#include "graphalloc/rng/random_ops.h"
 #include "tests/graph/graph_test_util.h"
 
 namespace graphalloc::testing {
@@ -56,16 +56,16 @@ class GraphedStepTest : public GraphFixture {
   ForwardFunction Forward() {
     return [this](const ForwardArgs& a) -> absl::StatusOr<ForwardResult> {
       const Stream s = a.stream;
-      GA_ASSIGN_OR_RETURN(const DevicePtr xs, allocator_->Allocate(kBytes, s));
-      GA_RETURN_IF_ERROR(driver_->CopyAsync(xs, a.inputs[0].ptr, kBytes, s));
-      GA_ASSIGN_OR_RETURN(const DevicePtr y,
-                          DropoutOfProduct(a.generator(0), xs, a.params[0].ptr, s, nullptr));
-      GA_ASSIGN_OR_RETURN(const DevicePtr r, allocator_->Allocate(kBytes, s));
-      GA_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(r), F(y), F(y), kN}));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr xs, allocator_->Allocate(kBytes, s));
+      GRAPHALLOC_RETURN_IF_ERROR(driver_->CopyAsync(xs, a.inputs[0].ptr, kBytes, s));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr y,
+                                  DropoutOfProduct(a.generator(0), xs, a.params[0].ptr, s, nullptr));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr r, allocator_->Allocate(kBytes, s));
+      GRAPHALLOC_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(r), F(y), F(y), kN}));
       ForwardResult result;
       result.outputs = {{r, kBytes}};
       if (options_.recompute) {
-        GA_RETURN_IF_ERROR(allocator_->Free(y));
+        GRAPHALLOC_RETURN_IF_ERROR(allocator_->Free(y));
         result.saved = {{xs, kBytes}};
       } else {
         result.saved = {{xs, kBytes}, {y, kBytes}};
@@ -78,26 +78,27 @@ class GraphedStepTest : public GraphFixture {
     return [this](const BackwardArgs& a) -> absl::StatusOr<std::vector<BufferView>> {
       const Stream s = a.stream;
       const DevicePtr xs = a.saved[0].ptr, w = a.params[0].ptr;
-      GA_ASSIGN_OR_RETURN(const PhiloxArgs mask, a.generator(0).Reserve(PhiloxIncrement(kN)));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const PhiloxArgs mask, a.generator(0).Reserve(PhiloxIncrement(kN)));
       if (options_.fail_backward) return absl::DataLossError("injected backward failure");
       if (options_.throw_in_backward) throw std::runtime_error("injected backward exception");
-      if (options_.extra_draw) GA_RETURN_IF_ERROR(a.generator(0).Reserve(4).status());
+      if (options_.extra_draw) GRAPHALLOC_RETURN_IF_ERROR(a.generator(0).Reserve(4).status());
       DevicePtr y = 0;
       if (options_.recompute) {
-        GA_ASSIGN_OR_RETURN(y, DropoutOfProduct(a.generator(0), xs, w, s, &mask));
+        GRAPHALLOC_ASSIGN_OR_RETURN(y, DropoutOfProduct(a.generator(0), xs, w, s, &mask));
       } else {
         y = a.saved[1].ptr;
       }
-      GA_ASSIGN_OR_RETURN(const DevicePtr g, allocator_->Allocate(kBytes, s));
-      GA_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(g), F(y), F(a.grad_outputs[0].ptr), kN}));
-      GA_RETURN_IF_ERROR(ScaleF32(*driver_, s, g, g, kN, 2.0f));
-      GA_RETURN_IF_ERROR(DropoutBackward(*driver_, s, g, g, kN, DType::kFloat32, kP, mask));
-      GA_ASSIGN_OR_RETURN(const DevicePtr gx, allocator_->Allocate(kBytes, s));
-      GA_ASSIGN_OR_RETURN(const DevicePtr gw, allocator_->Allocate(kBytes, s));
-      GA_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(gx), F(g), F(w), kN}));
-      GA_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(gw), F(g), F(xs), kN}));
-      GA_RETURN_IF_ERROR(allocator_->Free(g));
-      if (options_.recompute) GA_RETURN_IF_ERROR(allocator_->Free(y));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr g, allocator_->Allocate(kBytes, s));
+      GRAPHALLOC_RETURN_IF_ERROR(
+          mlp::Run(*driver_, s, mlp_body::Mul{F(g), F(y), F(a.grad_outputs[0].ptr), kN}));
+      GRAPHALLOC_RETURN_IF_ERROR(ScaleF32(*driver_, s, g, g, kN, 2.0f));
+      GRAPHALLOC_RETURN_IF_ERROR(DropoutBackward(*driver_, s, g, g, kN, DType::kFloat32, kP, mask));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr gx, allocator_->Allocate(kBytes, s));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr gw, allocator_->Allocate(kBytes, s));
+      GRAPHALLOC_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(gx), F(g), F(w), kN}));
+      GRAPHALLOC_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(gw), F(g), F(xs), kN}));
+      GRAPHALLOC_RETURN_IF_ERROR(allocator_->Free(g));
+      if (options_.recompute) GRAPHALLOC_RETURN_IF_ERROR(allocator_->Free(y));
       return std::vector<BufferView>{{gx, kBytes}, {gw, kBytes}};
     };
   }
@@ -106,15 +107,15 @@ class GraphedStepTest : public GraphFixture {
   // reuses the mask its backward reserved).
   absl::StatusOr<DevicePtr> DropoutOfProduct(Generator& gen, DevicePtr x, DevicePtr w, Stream s,
                                              const PhiloxArgs* mask) {
-    GA_ASSIGN_OR_RETURN(const DevicePtr z, allocator_->Allocate(kBytes, s));
-    GA_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(z), F(x), F(w), kN}));
+    GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr z, allocator_->Allocate(kBytes, s));
+    GRAPHALLOC_RETURN_IF_ERROR(mlp::Run(*driver_, s, mlp_body::Mul{F(z), F(x), F(w), kN}));
     PhiloxArgs args;
     if (mask != nullptr) {
       args = *mask;
     } else {
-      GA_ASSIGN_OR_RETURN(args, gen.Reserve(PhiloxIncrement(kN)));
+      GRAPHALLOC_ASSIGN_OR_RETURN(args, gen.Reserve(PhiloxIncrement(kN)));
     }
-    GA_RETURN_IF_ERROR(DropoutForward(*driver_, s, z, z, kN, DType::kFloat32, kP, args));
+    GRAPHALLOC_RETURN_IF_ERROR(DropoutForward(*driver_, s, z, z, kN, DType::kFloat32, kP, args));
     return z;
   }
 

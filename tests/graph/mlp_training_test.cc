@@ -1,11 +1,11 @@
-// The end-to-end example (graph/examples/mlp.h): an MLP with dropout trained for 100 steps through a
+// The end-to-end example (examples/mlp/mlp.h): an MLP with dropout trained for 100 steps through a
 // graphed step and eagerly gives bit-identical losses and weights, with one micro-batch per step, with
 // accumulated micro-batches, with aliased gradients consumed at once, and with the hidden layer recomputed
 // in the backward. Runs on the simulated device and, as *_gpu, on the GPU.
 #include <cstring>
 #include <iostream>
 
-#include "graph/examples/mlp.h"
+#include "examples/mlp/mlp.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/status_macros.h"
 

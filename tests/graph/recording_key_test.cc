@@ -1,5 +1,5 @@
 // RecordingKey: equal keys hash equally, and a mismatch names the input and both addresses (host only).
-#include "graph/recording_key.h"
+#include "graphalloc/graph/recording_key.h"
 
 #include "gtest/gtest.h"
 
@@ -63,10 +63,12 @@ TEST(RecordingKeyTest, AStaticAddressChangeIsReportedBeforeASizeChange) {
 
 TEST(RecordingKeyTest, SizeRoleAndCountChangesHaveTheirOwnReasons) {
   const RecordingKey rec = Key({{InputRole::kCopied, 0, 4096}, {InputRole::kManaged, 0x9000, 512}});
-  const KeyMismatch size = CompareKeys(rec, Key({{InputRole::kCopied, 0, 2048}, {InputRole::kManaged, 0x9000, 512}}));
+  const KeyMismatch size =
+      CompareKeys(rec, Key({{InputRole::kCopied, 0, 2048}, {InputRole::kManaged, 0x9000, 512}}));
   EXPECT_EQ(size.reason, RerecordReason::kInputSize);
   EXPECT_EQ(DescribeMismatch(size), "input 0 changed size from 4096 to 2048 bytes");
-  const KeyMismatch role = CompareKeys(rec, Key({{InputRole::kCopied, 0, 4096}, {InputRole::kCopied, 0, 512}}));
+  const KeyMismatch role =
+      CompareKeys(rec, Key({{InputRole::kCopied, 0, 4096}, {InputRole::kCopied, 0, 512}}));
   EXPECT_EQ(role.reason, RerecordReason::kManagedInput);
   EXPECT_EQ(DescribeMismatch(role), "input 1 changed from managed at 0x9000 to copied at 0x0");
   const KeyMismatch count = CompareKeys(rec, Key({{InputRole::kCopied, 0, 4096}}));

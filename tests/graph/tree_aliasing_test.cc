@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "graph/graph_tree.h"
+#include "graphalloc/graph/graph_tree.h"
 #include "tests/graph/graph_test_util.h"
 
 namespace graphalloc::testing {

@@ -2,7 +2,7 @@
 // step's path, later calls of the step are placed after it, and no order of calls escapes the fallback.
 #include <vector>
 
-#include "graph/graph_tree.h"
+#include "graphalloc/graph/graph_tree.h"
 #include "tests/graph/graph_test_util.h"
 
 namespace graphalloc::testing {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "graph/graph_tree.h"
+#include "graphalloc/graph/graph_tree.h"
 #include "tests/graph/graph_test_util.h"
 
 namespace graphalloc::testing {
@@ -18,12 +18,12 @@ class TreeInputMutationTest : public TreeTest {
   TreeFunction Counter() {
     return [this](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
       const std::size_t n = in[0].bytes / sizeof(float);
-      GA_ASSIGN_OR_RETURN(const DevicePtr two, allocator_->Allocate(in[0].bytes, s));
-      GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
-      GA_RETURN_IF_ERROR(FillF32(*driver_, s, two, n, 2.0f));
-      GA_RETURN_IF_ERROR(AddF32(*driver_, s, in[0].ptr, in[0].ptr, two, n));
-      GA_RETURN_IF_ERROR(ScaleF32(*driver_, s, y, in[0].ptr, n, 1.0f));
-      GA_RETURN_IF_ERROR(allocator_->Free(two));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr two, allocator_->Allocate(in[0].bytes, s));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
+      GRAPHALLOC_RETURN_IF_ERROR(FillF32(*driver_, s, two, n, 2.0f));
+      GRAPHALLOC_RETURN_IF_ERROR(AddF32(*driver_, s, in[0].ptr, in[0].ptr, two, n));
+      GRAPHALLOC_RETURN_IF_ERROR(ScaleF32(*driver_, s, y, in[0].ptr, n, 1.0f));
+      GRAPHALLOC_RETURN_IF_ERROR(allocator_->Free(two));
       return std::vector<BufferView>{{y, in[0].bytes}};
     };
   }

@@ -1,6 +1,6 @@
 // TreeOutput: an output knows its step, and reading it after its tree moved on is an error that names the
 // function and says how to keep it (host only: the states are built directly).
-#include "graph/tree_output.h"
+#include "graphalloc/graph/tree_output.h"
 
 #include <memory>
 
@@ -9,7 +9,8 @@
 namespace graphalloc {
 namespace {
 
-std::shared_ptr<OutputState> PoolOutput(const std::shared_ptr<const OutputOrigin>& origin, std::uint64_t step) {
+std::shared_ptr<OutputState> PoolOutput(const std::shared_ptr<const OutputOrigin>& origin,
+                                        std::uint64_t step) {
   auto s = std::make_shared<OutputState>();
   s->kind = OutputKind::kPool;
   s->buffer = BufferView{0x1000, 64};
@@ -29,10 +30,11 @@ TEST(TreeOutputTest, PoolOutputIsReadableUntilItsTreeBeginsAnotherStep) {
   EXPECT_TRUE(out.overwritten());
   const absl::Status s = out.ptr().status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s.message(),
-            "output 2 of graph-tree function 'forward' (step 1) has been overwritten: the tree has begun step 2, "
-            "which reuses its memory; to keep it, clone it before the next step (TreeOutput::Clone, or "
-            "FunctionOptions::clone_outputs), or begin the next step (BeginStep) only after its last use");
+  EXPECT_EQ(
+      s.message(),
+      "output 2 of graph-tree function 'forward' (step 1) has been overwritten: the tree has begun step 2, "
+      "which reuses its memory; to keep it, clone it before the next step (TreeOutput::Clone, or "
+      "FunctionOptions::clone_outputs), or begin the next step (BeginStep) only after its last use");
 }
 
 TEST(TreeOutputTest, OutputOfADestroyedTreeSaysSo) {

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "graph/graph_tree.h"
-#include "rng/generator.h"
-#include "rng/random_ops.h"
+#include "graphalloc/graph/graph_tree.h"
+#include "graphalloc/rng/generator.h"
+#include "graphalloc/rng/random_ops.h"
 #include "tests/graph/graph_test_util.h"
 
 namespace graphalloc::testing {
@@ -30,12 +30,12 @@ class TreeRngTest : public TreeTest {
         return absl::AbortedError("injected failure of the random function");
       }
       const std::size_t n = in[0].bytes / sizeof(float);
-      GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
-      GA_ASSIGN_OR_RETURN(const DevicePtr u, allocator_->Allocate(in[0].bytes, s));
-      GA_ASSIGN_OR_RETURN(const PhiloxArgs drop, gen.Reserve(PhiloxIncrement(n)));
-      GA_RETURN_IF_ERROR(DropoutForward(*driver_, s, in[0].ptr, y, n, DType::kFloat32, kDropP, drop));
-      GA_ASSIGN_OR_RETURN(const PhiloxArgs fill, gen.Reserve(PhiloxIncrement(n)));
-      GA_RETURN_IF_ERROR(FillUniform(*driver_, s, u, n, DType::kFloat32, fill));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr u, allocator_->Allocate(in[0].bytes, s));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const PhiloxArgs drop, gen.Reserve(PhiloxIncrement(n)));
+      GRAPHALLOC_RETURN_IF_ERROR(DropoutForward(*driver_, s, in[0].ptr, y, n, DType::kFloat32, kDropP, drop));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const PhiloxArgs fill, gen.Reserve(PhiloxIncrement(n)));
+      GRAPHALLOC_RETURN_IF_ERROR(FillUniform(*driver_, s, u, n, DType::kFloat32, fill));
       return std::vector<BufferView>{{y, in[0].bytes}, {u, in[0].bytes}};
     };
   }
@@ -43,12 +43,12 @@ class TreeRngTest : public TreeTest {
   TreeFunction NormalPlus(Generator& gen) {
     return [this, &gen](std::span<const BufferView> in, Stream s) -> absl::StatusOr<std::vector<BufferView>> {
       const std::size_t n = in[0].bytes / sizeof(float);
-      GA_ASSIGN_OR_RETURN(const DevicePtr z, allocator_->Allocate(in[0].bytes, s));
-      GA_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
-      GA_ASSIGN_OR_RETURN(const PhiloxArgs args, gen.Reserve(PhiloxIncrement(n)));
-      GA_RETURN_IF_ERROR(FillNormal(*driver_, s, z, n, DType::kFloat32, args));
-      GA_RETURN_IF_ERROR(AddF32(*driver_, s, y, z, in[1].ptr, n));
-      GA_RETURN_IF_ERROR(allocator_->Free(z));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr z, allocator_->Allocate(in[0].bytes, s));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr y, allocator_->Allocate(in[0].bytes, s));
+      GRAPHALLOC_ASSIGN_OR_RETURN(const PhiloxArgs args, gen.Reserve(PhiloxIncrement(n)));
+      GRAPHALLOC_RETURN_IF_ERROR(FillNormal(*driver_, s, z, n, DType::kFloat32, args));
+      GRAPHALLOC_RETURN_IF_ERROR(AddF32(*driver_, s, y, z, in[1].ptr, n));
+      GRAPHALLOC_RETURN_IF_ERROR(allocator_->Free(z));
       return std::vector<BufferView>{{y, in[0].bytes}};
     };
   }

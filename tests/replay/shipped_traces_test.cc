@@ -7,10 +7,10 @@
 #include <memory>
 #include <string>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/device/sim_driver.h"
-#include "allocator/trace/trace_reader.h"
-#include "allocator/trace/trace_replay.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/sim_driver.h"
+#include "graphalloc/allocator/trace/trace_reader.h"
+#include "graphalloc/allocator/trace/trace_replay.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_scale.h"
 

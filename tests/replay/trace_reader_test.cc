@@ -1,6 +1,6 @@
 // Trace reading and writing: plain and gzip'd round trips through the writer, gzip detected by its magic
 // bytes, and every error path with its exact message and line number.
-#include "allocator/trace/trace_reader.h"
+#include "graphalloc/allocator/trace/trace_reader.h"
 
 #include <zlib.h>
 

@@ -1,14 +1,14 @@
 // Trace replay on small synthetic traces: exact peak live and peak reserved bytes, ignored rows, streams,
 // the out-of-memory path under a capacity, and bad traces. The same tests run on the real GPU (label `gpu`),
 // except those that need the simulated device's capacity.
-#include "allocator/trace/trace_replay.h"
+#include "graphalloc/allocator/trace/trace_replay.h"
 
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/snapshot/memory_snapshot.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_device.h"
 

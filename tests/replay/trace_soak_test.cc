@@ -11,9 +11,9 @@
 #include <memory>
 #include <string>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/trace/trace_reader.h"
-#include "allocator/trace/trace_replay.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/trace/trace_reader.h"
+#include "graphalloc/allocator/trace/trace_replay.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_device.h"
 #include "tests/testing/test_scale.h"

@@ -1,14 +1,14 @@
 // Generator: reservations, value snapshots, seeding rules, and graph safety through a real stream capture
 // (BeginCapture / EndCapture / GraphInstantiate / GraphLaunch on the selected device): replays draw exactly
 // what the same sequence of eager calls draws.
-#include "rng/generator.h"
+#include "graphalloc/rng/generator.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "rng/random_ops.h"
+#include "graphalloc/rng/random_ops.h"
 #include "tests/rng/rng_test_util.h"
 #include "tests/testing/test_device.h"
 

@@ -1,6 +1,6 @@
 // Host checks of rng/philox.h: Random123 known-answer vectors, cuRAND stream vectors (reference §1.6),
 // and the exact float conversions.
-#include "rng/philox.h"
+#include "graphalloc/rng/philox.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // answers through the device path, cuRAND stream vectors through FillBits, fills and dropout equal to the
 // host computation bit for bit, captured PhiloxArgs read at run time, and (GPU only) real cuRAND agreement.
 // GRAPHALLOC_TEST_SCALE below 1 (the sanitizer builds) shortens the multi-iteration fills.
-#include "rng/random_ops.h"
+#include "graphalloc/rng/random_ops.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <cstring>
 #include <vector>
 
-#include "rng/philox.h"
-#include "rng/philox_args.h"
+#include "graphalloc/rng/philox.h"
+#include "graphalloc/rng/philox_args.h"
 #include "tests/rng/philox_vectors.h"
 #include "tests/rng/rng_test_util.h"
 #include "tests/testing/test_device.h"

@@ -1,13 +1,13 @@
 // RngStatePairs: each backward's recomputed dropout mask equals its own forward's mask, in order, out of
 // order (f0 f1 b1 b0), and repeated (retain_graph), and snapshots are dropped after the last backward.
-#include "rng/rng_state_pairs.h"
+#include "graphalloc/rng/rng_state_pairs.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "rng/random_ops.h"
+#include "graphalloc/rng/random_ops.h"
 #include "tests/rng/rng_test_util.h"
 #include "tests/testing/test_device.h"
 

@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "allocator/device/driver.h"
-#include "rng/philox.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/rng/philox.h"
 
 namespace graphalloc::rng_test {
 

@@ -1,6 +1,6 @@
 // The history ring: bounds and overflow, stacks only when asked, annotations, run-time options, and
 // recording from 8 threads at once.
-#include "allocator/history/history_ring.h"
+#include "graphalloc/allocator/history/history_ring.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // The data model's invariant checks, totals and statistics consistency.
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "allocator/snapshot/snapshot_json.h"
-#include "allocator/snapshot/torch_snapshot.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 #include "tests/snapshot/snapshot_fixture.h"
 #include "tests/testing/cli_run.h"
 

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 
 namespace graphalloc::testing {
 

@@ -1,6 +1,6 @@
 // The JSON snapshot format: round trips with every field, and errors (with their locations) for corrupt,
 // truncated, wrong-version and mistyped input.
-#include "allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

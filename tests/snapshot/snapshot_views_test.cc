@@ -270,15 +270,15 @@ TEST(SnapshotViewsTest, DiffShowsAddedAndRemoved) {
   const std::string diff = RenderDiffText(before, after, "a.json", "b.json");
   EXPECT_THAT(diff, HasSubstr("Segments added: 0, removed: 1"));
   EXPECT_THAT(diff, HasSubstr("- 0x7f0000400000 2.00 MiB pool 5"));
-  EXPECT_THAT(diff, HasSubstr("Allocated blocks added: 1 (1.00 MiB), removed: 1 (512 B)"));
+  EXPECT_THAT(diff, HasSubstr("Allocated blocks added: 1 (1.00 MiB), removed: 1 (512 bytes)"));
   EXPECT_THAT(diff, HasSubstr("+ 0x7f0000300000 1.00 MiB  backward (model.cc:21)"));
   EXPECT_THAT(diff, HasSubstr("+1.00 MiB  backward (model.cc:21)"));
-  EXPECT_THAT(diff, HasSubstr("-512 B  optimizer (model.cc:30)"));
+  EXPECT_THAT(diff, HasSubstr("-512 bytes  optimizer (model.cc:30)"));
   const std::size_t pool5 = diff.find("\n  5 ");
   ASSERT_NE(pool5, std::string::npos) << diff;
   const std::string pool_line = diff.substr(pool5 + 1, diff.find('\n', pool5 + 1) - pool5 - 1);
   EXPECT_THAT(pool_line, HasSubstr("-2.00 MiB"));
-  EXPECT_THAT(pool_line, HasSubstr("-512 B"));
+  EXPECT_THAT(pool_line, HasSubstr("-512 bytes"));
   EXPECT_THAT(RenderDiffText(before, before, "a", "a"), HasSubstr("(no change)"));
 }
 
@@ -300,9 +300,11 @@ TEST(SnapshotViewsTest, TimelineIsAnchoredAtTheSnapshotAndFindsThePeak) {
 }
 
 TEST(SnapshotViewsTest, Formatting) {
-  EXPECT_EQ(FormatBytes(17), "17 B");
+  EXPECT_EQ(FormatBytes(17), "17 bytes");
+  EXPECT_EQ(FormatBytes(1024), "1024 bytes");
   EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
   EXPECT_EQ(FormatBytes(3ull << 30), "3.00 GiB");
+  EXPECT_EQ(FormatBytes(5ull << 40), "5.00 TiB");
   EXPECT_EQ(CallSite({}), "(no stack)");
   EXPECT_EQ(CallSite({{"graphalloc::X", "a.so", 0}, {"f", "", 0}}), "f");
   EXPECT_EQ(CallSite({{"graphalloc::X", "a.so", 0}}), "graphalloc::X (a.so)");

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "allocator/snapshot/pickle.h"
-#include "allocator/snapshot/torch_snapshot.h"
+#include "graphalloc/allocator/snapshot/pickle.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 #include "tests/snapshot/snapshot_fixture.h"
 
 namespace graphalloc {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/snapshot/snapshot_json.h"
-#include "allocator/snapshot/torch_snapshot.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/snapshot/torch_snapshot.h"
 #include "tests/snapshot/snapshot_fixture.h"
 #include "tests/testing/cli_run.h"
 #include "tools/snapshot/snapshot_views.h"

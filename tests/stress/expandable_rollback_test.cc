@@ -5,9 +5,9 @@
 #include <memory>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/device/sim_driver.h"
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/sim_driver.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "gtest/gtest.h"
 #include "tests/stress/sim_mappings.h"
 #include "tests/stress/stress_util.h"

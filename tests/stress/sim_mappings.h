@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "allocator/device/driver.h"
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "gtest/gtest.h"
 
 namespace graphalloc::testing {

@@ -5,9 +5,9 @@
 
 #include <cstddef>
 
-#include "allocator/caching_allocator.h"
-#include "allocator/device/sim_driver.h"
-#include "allocator/stats.h"
+#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/device/sim_driver.h"
+#include "graphalloc/allocator/stats/stats.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_scale.h"
 

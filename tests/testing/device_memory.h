@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc::testing {
 

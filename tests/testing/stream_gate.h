@@ -7,7 +7,7 @@
 #include <atomic>
 #include <memory>
 
-#include "allocator/device/driver.h"
+#include "graphalloc/allocator/device/driver.h"
 #include "tests/testing/test_device.h"
 
 namespace graphalloc::testing {

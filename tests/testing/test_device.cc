@@ -3,8 +3,8 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "allocator/default_allocator.h"
-#include "allocator/device/cuda_driver.h"
+#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/device/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_macros.h"
 

@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "allocator/device/driver.h"
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 namespace graphalloc::testing {
 

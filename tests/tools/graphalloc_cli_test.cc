@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
 #include "tests/testing/cli_run.h"
 
 namespace graphalloc {

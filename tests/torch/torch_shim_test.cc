@@ -12,9 +12,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "allocator/c_api/graphalloc.h"
-#include "allocator/device/driver.h"
 #include "gmock/gmock.h"
+#include "graphalloc/allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/device/driver.h"
 #include "gtest/gtest.h"
 #include "python/csrc/torch_hook_types.h"
 #include "tests/testing/status_macros.h"

@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "allocator/config.h"
+#include "graphalloc/allocator/config.h"
 #include "tools/snapshot/snapshot_views.h"
 
 namespace graphalloc::tools {
@@ -82,7 +82,6 @@ Analysis Analyze(const MemorySnapshot& s, int top) {
   return a;
 }
 
-std::string Bytes(std::uint64_t b) { return absl::StrCat(FormatBytes(b), " (", b, " bytes)"); }
 std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
 
 std::string Percent(std::uint64_t part, std::uint64_t whole) {
@@ -117,18 +116,6 @@ std::string DescribeSnapshotConfig(const std::string& text) {
 
 }  // namespace
 
-std::string FormatBytes(std::uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  double v = static_cast<double>(bytes) / 1024.0;
-  int unit = 0;
-  while (v >= 1024.0 && unit < 3) {
-    v /= 1024.0;
-    ++unit;
-  }
-  return absl::StrFormat("%.2f %s", v, kUnits[unit]);
-}
-
 std::string CallSite(const std::vector<Frame>& frames) {
   if (frames.empty()) return "(no stack)";
   const Frame* chosen = &frames.front();
@@ -160,17 +147,20 @@ std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, i
   absl::StrAppend(&out, "Config:        ", DescribeSnapshotConfig(s.config), "\n\n");
 
   absl::StrAppend(&out, "Totals (from the segments)\n");
-  absl::StrAppend(&out, "  reserved          ", Bytes(t.reserved_bytes), " in ", t.segments, " segments\n");
-  absl::StrAppend(&out, "  allocated         ", Bytes(t.allocated_bytes), " in ", t.allocations, " blocks\n");
+  absl::StrAppend(&out, "  reserved          ", FormatBytesExact(t.reserved_bytes), " in ", t.segments,
+                  " segments\n");
+  absl::StrAppend(&out, "  allocated         ", FormatBytesExact(t.allocated_bytes), " in ", t.allocations,
+                  " blocks\n");
   if (!brief) {
-    absl::StrAppend(&out, "  active            ", Bytes(t.active_bytes), " (allocated + pending free)\n");
-    absl::StrAppend(&out, "  requested         ", Bytes(t.requested_bytes), "\n");
+    absl::StrAppend(&out, "  active            ", FormatBytesExact(t.active_bytes),
+                    " (allocated + pending free)\n");
+    absl::StrAppend(&out, "  requested         ", FormatBytesExact(t.requested_bytes), "\n");
   }
-  absl::StrAppend(&out, "  free (cached)     ", Bytes(t.free_bytes), "\n");
+  absl::StrAppend(&out, "  free (cached)     ", FormatBytesExact(t.free_bytes), "\n");
   const std::uint64_t fragmentation = t.reserved_bytes - std::min(t.reserved_bytes, t.allocated_bytes);
-  absl::StrAppend(&out, "  fragmentation     ", Bytes(fragmentation), " = reserved - allocated, ",
+  absl::StrAppend(&out, "  fragmentation     ", FormatBytesExact(fragmentation), " = reserved - allocated, ",
                   Percent(fragmentation, t.reserved_bytes), " of reserved\n");
-  absl::StrAppend(&out, "  largest free      ", Bytes(t.largest_free_block), "\n\n");
+  absl::StrAppend(&out, "  largest free      ", FormatBytesExact(t.largest_free_block), "\n\n");
   if (brief) {
     AppendTopAllocations(out, a, any_stack);
     absl::StrAppend(&out, "History:       ", s.history.size(), " events",
@@ -183,13 +173,13 @@ std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, i
   absl::StrAppend(&out, "Statistics (recorded by the allocator; current / peak)\n");
   auto stat = [&](absl::string_view label, const StatArray& a2, bool bytes) {
     const Stat& x = a2.all();
-    absl::StrAppend(
-        &out, "  ", absl::StrFormat("%-17s ", label),
-        bytes ? Bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(x.current, 0)))
-              : absl::StrCat(x.current),
-        " / ",
-        bytes ? Bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(x.peak, 0))) : absl::StrCat(x.peak),
-        "\n");
+    absl::StrAppend(&out, "  ", absl::StrFormat("%-17s ", label),
+                    bytes ? FormatBytesExact(static_cast<std::uint64_t>(std::max<std::int64_t>(x.current, 0)))
+                          : absl::StrCat(x.current),
+                    " / ",
+                    bytes ? FormatBytesExact(static_cast<std::uint64_t>(std::max<std::int64_t>(x.peak, 0)))
+                          : absl::StrCat(x.peak),
+                    "\n");
   };
   stat("reserved_bytes", st.reserved_bytes, true);
   stat("allocated_bytes", st.allocated_bytes, true);
@@ -211,18 +201,21 @@ std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, i
     for (const PoolSnapshot& q : s.pools) {
       if (q.id == id) p = &q;
     }
-    absl::StrAppend(&out, absl::StrFormat("  %-10s %9s %8d %22s %22s %22s %22s\n",
-                                          id == 0 ? std::string("default") : absl::StrCat(id),
-                                          p == nullptr ? std::string("-") : absl::StrCat(p->use_count),
-                                          g.segments, Bytes(g.reserved), Bytes(g.allocated), Bytes(g.free),
-                                          p == nullptr ? std::string("-") : Bytes(p->peak_reserved_bytes)));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("  %-10s %9s %8d %22s %22s %22s %22s\n",
+                        id == 0 ? std::string("default") : absl::StrCat(id),
+                        p == nullptr ? std::string("-") : absl::StrCat(p->use_count), g.segments,
+                        FormatBytesExact(g.reserved), FormatBytesExact(g.allocated), FormatBytesExact(g.free),
+                        p == nullptr ? std::string("-") : FormatBytesExact(p->peak_reserved_bytes)));
   }
   absl::StrAppend(&out, "\nStreams\n",
                   absl::StrFormat("  %-18s %8s %8s %22s %22s %22s\n", "stream", "segments", "blocks",
                                   "reserved", "allocated", "pending free"));
   for (const auto& [id, g] : a.streams) {
     absl::StrAppend(&out, absl::StrFormat("  %-18s %8d %8d %22s %22s %22s\n", Hex(id), g.segments, g.blocks,
-                                          Bytes(g.reserved), Bytes(g.allocated), Bytes(g.pending)));
+                                          FormatBytesExact(g.reserved), FormatBytesExact(g.allocated),
+                                          FormatBytesExact(g.pending)));
   }
   absl::StrAppend(&out, "\n");
   AppendTopAllocations(out, a, any_stack);
@@ -244,9 +237,10 @@ std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, i
   }
   if (!s.history.empty()) {
     const Timeline timeline = ComputeTimeline(s, 2);
-    absl::StrAppend(&out, "  peak allocated  ",
-                    Bytes(static_cast<std::uint64_t>(std::max<std::int64_t>(timeline.peak.allocated, 0))),
-                    " at event ", timeline.peak.event, "\n");
+    absl::StrAppend(
+        &out, "  peak allocated  ",
+        FormatBytesExact(static_cast<std::uint64_t>(std::max<std::int64_t>(timeline.peak.allocated, 0))),
+        " at event ", timeline.peak.event, "\n");
   }
   return out;
 }

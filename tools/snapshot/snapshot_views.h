@@ -9,12 +9,10 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/base/bytes.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
 
 namespace graphalloc::tools {
-
-// "1.50 GiB", "512.00 KiB", "17 B".
-std::string FormatBytes(std::uint64_t bytes);
 
 // Where a block or event was allocated: the first frame outside graphalloc itself ("train_step
 // (model.cc:42)"), or "(no stack)".

@@ -3,7 +3,7 @@
 // Why cuGetProcAddress and not dlsym for each name: the driver exports several versions of many entry
 // points (cuMemAlloc, cuMemAlloc_v2; cuStreamGetCaptureInfo, _v2, _v3), and cuGetProcAddress returns the one
 // whose signature matches the CUDA version we pass, which is the version our pointer type names.
-#include "allocator/device/cuda/cuda_symbols.h"
+#include "graphalloc/allocator/device/cuda/cuda_symbols.h"
 
 #include <dlfcn.h>
 
@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "allocator/device/driver_error.h"
-#include "allocator/mutex.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/device/driver_error.h"
 
 namespace graphalloc::cuda {
 namespace {

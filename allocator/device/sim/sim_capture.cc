@@ -13,8 +13,8 @@
 // "capturing" (status kInvalidated, enqueues fail) until EndCapture returns CAPTURE_INVALIDATED.
 #include <utility>
 
-#include "allocator/device/sim/sim_state.h"
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/device/sim/sim_state.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 namespace graphalloc {
 namespace {

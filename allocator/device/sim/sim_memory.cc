@@ -12,8 +12,8 @@
 #include <bit>
 #include <cstring>
 
-#include "allocator/device/sim/sim_state.h"
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/device/sim/sim_state.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 namespace graphalloc {
 namespace {

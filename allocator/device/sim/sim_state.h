@@ -25,8 +25,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "allocator/device/sim_driver.h"
-#include "allocator/mutex.h"
+#include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 namespace graphalloc {
 

@@ -15,8 +15,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "allocator/device/sim/sim_state.h"
-#include "allocator/device/sim_driver.h"
+#include "graphalloc/allocator/device/sim/sim_state.h"
+#include "graphalloc/allocator/device/sim_driver.h"
 
 namespace graphalloc {
 namespace {
