@@ -83,6 +83,10 @@ def worker(workload: str, allocator: str, args) -> dict:
     # cuDNN's benchmark mode needs cacheInfo, which no pluggable allocator provides (rapidsai/rmm#1362): off
     # for every allocator unless --cudnn-benchmark (then the pluggable column cannot run the models).
     torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
+    # Deterministic convolution algorithms (the default): otherwise cuDNN may pick algorithms whose results
+    # differ from run to run with any allocator (PyTorch's own two configurations disagree then), and the
+    # bit-for-bit loss comparison says nothing about the allocator.
+    torch.backends.cudnn.deterministic = bool(args.deterministic)
     dev = torch.device("cuda")
     torch.cuda.init()
     try:
@@ -273,7 +277,8 @@ def run_worker(workload: str, allocator: str, args, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--worker", workload, "--allocator", allocator,
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--gpt2-batch", str(args.gpt2_batch),
            "--resnet-batch", str(args.resnet_batch), "--hit-iters", str(args.hit_iters),
-           "--churn-ops", str(args.churn_ops)] + (["--cudnn-benchmark"] if args.cudnn_benchmark else [])
+           "--churn-ops", str(args.churn_ops)] + (["--cudnn-benchmark"] if args.cudnn_benchmark else []) + \
+          (["--deterministic"] if args.deterministic else ["--no-deterministic"])
     t0 = time.time()
     try:
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -477,7 +482,8 @@ def render(env, results, traces, args, wall_s=0.0) -> str:
         "compared bit for bit with the native column's of the same workload. Trace rows: graphalloc's numbers "
         "from `graphalloc replay --device cuda` (and `--device sim --find-min-capacity`); PyTorch's from "
         "traces/README.md (recorded with PyTorch 2.11 on an H100; the expandable column's reserved MiB is ratio x "
-        f"peak allocated). cuDNN benchmark mode is {'on' if args.cudnn_benchmark else 'off'} for every column.",
+        f"peak allocated). cuDNN benchmark mode is {'on' if args.cudnn_benchmark else 'off'} and deterministic "
+        f"algorithms are {'on' if args.deterministic else 'off'} for every column.",
     ]
     for a in names:
         for wl in WORKLOADS:
@@ -537,6 +543,8 @@ def main() -> None:
     ap.add_argument("--hit-iters", type=int, default=20000)
     ap.add_argument("--churn-ops", type=int, default=20000)
     ap.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN benchmark mode (needs cacheInfo)")
+    ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
+                    help="deterministic cuDNN algorithms, so that losses compare bit for bit (default on)")
     ap.add_argument("--no-traces", action="store_true")
     ap.add_argument("--min-capacity", action="store_true", help="also --find-min-capacity per trace (sim)")
     ap.add_argument("--commit", default="auto")
@@ -585,7 +593,8 @@ def main() -> None:
     if args.output:
         Path(args.output).write_text(md)
     if args.json:
-        keep = ("steps", "warmup", "micro_reps", "gpt2_batch", "resnet_batch", "cudnn_benchmark", "budget_s")
+        keep = ("steps", "warmup", "micro_reps", "gpt2_batch", "resnet_batch", "cudnn_benchmark", "deterministic",
+                "budget_s")
         Path(args.json).write_text(json.dumps({"env": env, "results": results, "traces": traces, "wall_s": wall,
                                                "args": {k: getattr(args, k) for k in keep}}, indent=1))
 
