@@ -154,7 +154,7 @@ absl::StatusOr<GraphedStep::Lane*> GraphedStep::FreeLane() {
       function.name = absl::StrFormat("%s %s (lane %d)", options_.name, what, lane->index);
       function.static_inputs = statics;
       function.warmup_calls = options_.warmup_calls;
-      function.generators = generators;
+      function.generators.assign(generators.begin(), generators.end());
       return lane->tree->Register(std::move(body), std::move(function));
     };
     absl::StatusOr<FunctionId> f = add(
