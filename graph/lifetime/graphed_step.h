@@ -198,12 +198,17 @@ class GraphedStep {
   absl::StatusOr<Lane*> FreeLane();
   absl::StatusOr<std::vector<TreeOutput>> RunForward(Lane* lane, std::span<const BufferView> inputs,
                                                      Stream stream);
+  // Why Backward cannot run for `record` with `grad_outputs` gradients (OK when it can).
+  absl::Status CheckBackward(const ForwardRecord* record, std::size_t grad_outputs) const;
   absl::StatusOr<std::vector<TreeOutput>> RunBackward(ForwardRecord& record,
                                                       std::span<const BufferView> grad_outputs,
                                                       Stream stream);
   // The graphed step's tree functions: the user's functions behind the tree's calling convention.
   absl::StatusOr<std::vector<BufferView>> ForwardBody(std::span<const BufferView> in, Stream stream);
   absl::StatusOr<std::vector<BufferView>> BackwardBody(std::span<const BufferView> in, Stream stream);
+  // The backward's gradients as the caller gets them: cloned out of the pool unless the slot aliases.
+  absl::StatusOr<std::vector<TreeOutput>> HandOutGradients(std::vector<TreeOutput> grads,
+                                                           Stream stream) const;
   // Eager outputs as handles: owned unless they are a parameter (borrowed) or repeat an earlier one.
   std::vector<TreeOutput> WrapEager(std::span<const BufferView> produced, std::span<const BufferView> inputs);
   absl::Status CheckDraws(const ForwardRecord& record, const std::vector<std::uint64_t>& start) const;
