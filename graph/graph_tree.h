@@ -1,5 +1,5 @@
-// The graph tree recorder: PyTorch's CUDA graph trees (../shared/reference/cuda_graph_trees.md) in C++,
-// on the Driver interface, so it runs on the simulated device and on a GPU.
+// The graph tree recorder: PyTorch's CUDA graph trees in C++ (docs/graph_tree_rules.md), on the Driver
+// interface, so it runs on the simulated device and on a GPU.
 //
 // A user registers functions. A function takes input buffers and a stream, enqueues work on the stream
 // and returns output buffers it allocated through the tree's allocator; some inputs are declared static

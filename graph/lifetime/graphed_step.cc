@@ -41,7 +41,8 @@ struct GraphedStep::Lane {
 };
 
 // The one way out of a Backward once it has started: whatever happens (an error returned, an exception
-// passing through), the destructor ends the backward (rules L2 and L3 of the reference).
+// passing through), the destructor ends the backward (docs/graphed_step.md: "Every backward leaves through
+// one epilogue").
 class GraphedStep::BackwardEpilogue {
  public:
   BackwardEpilogue(GraphedStep& step, std::shared_ptr<ForwardRecord> record, bool retain)
@@ -119,8 +120,8 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(CachingAllocato
 }
 
 GraphedStep::~GraphedStep() {
-  // The step's graphs go away, so no retained backward can run any more (rule L2: "or when the graph is
-  // destroyed").
+  // The step's graphs go away, so no retained backward can run any more: the deferred releases run now
+  // (docs/graphed_step.md, "Lifetime rules").
   for (const std::unique_ptr<Lane>& lane : lanes_) {
     if (lane->busy != nullptr) EndForward(*lane->busy);
   }
