@@ -53,6 +53,7 @@
 #include "graphalloc/allocator/caching_allocator.h"
 #include "graphalloc/graph/graph_tree.h"
 #include "graphalloc/graph/lifetime/deferred_releases.h"
+#include "graphalloc/graph/tree_output.h"
 #include "graphalloc/rng/rng_state_pairs.h"
 
 namespace graphalloc {
