@@ -11,6 +11,7 @@
 #include "graphalloc/graph/capture_participant.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -211,6 +212,25 @@ class CaptureParticipantTest : public TreeTest {
   std::vector<std::unique_ptr<CountingParticipant>> participants_;
 };
 
+// What participant `p` logs for capture `capture` of 'counting' that succeeds (Captured) and whose node
+// is then launched once by the recording itself, reading `value` (Recorded).
+std::vector<std::string> Captured(std::string_view p, int capture) {
+  return {absl::StrFormat("%s: begin capture %d (tree stream not capturing)", p, capture),
+          absl::StrFormat("%s: take in capture %d of 'counting'", p, capture),
+          absl::StrFormat("%s: end capture %d (tree stream not capturing)", p, capture)};
+}
+std::vector<std::string> Recorded(std::string_view p, int capture, int value) {
+  std::vector<std::string> events = Captured(p, capture);
+  events.push_back(absl::StrFormat("%s: arm capture %d with %d on the tree's stream", p, capture, value));
+  return events;
+}
+// The parts, one after the other.
+std::vector<std::string> Events(std::initializer_list<std::vector<std::string>> parts) {
+  std::vector<std::string> all;
+  for (const std::vector<std::string>& part : parts) all.insert(all.end(), part.begin(), part.end());
+  return all;
+}
+
 TEST_F(CaptureParticipantTest, BegunBeforeTheCaptureEndedAfterItAndReArmedBeforeEveryLaunch) {
   CountingParticipant* a = MakeParticipant("a");
   const FunctionId f = RegisterCounting("counting", {a}, {a});
@@ -220,15 +240,10 @@ TEST_F(CaptureParticipantTest, BegunBeforeTheCaptureEndedAfterItAndReArmedBefore
     ASSERT_EQ(out.size(), 1u);
     EXPECT_EQ(ValueOf(out[0]), call);
   }
-  EXPECT_EQ(a->events, (std::vector<std::string>{
-                           "a: take 0 eagerly",
-                           "a: begin capture 1 (tree stream not capturing)",
-                           "a: take in capture 1 of 'counting'",
-                           "a: end capture 1 (tree stream not capturing)",
-                           "a: arm capture 1 with 1 on the tree's stream",
-                           "a: arm capture 1 with 2 on the caller's stream",
-                           "a: arm capture 1 with 3 on the caller's stream",
-                       }));
+  EXPECT_EQ(a->events, Events({{"a: take 0 eagerly"},
+                               Recorded("a", 1, 1),
+                               {"a: arm capture 1 with 2 on the caller's stream",
+                                "a: arm capture 1 with 3 on the caller's stream"}}));
   EXPECT_FALSE(a->capturing());
   EXPECT_EQ(a->live_captured(), 1);
   tree_.reset();  // the node goes, and with it what the participant kept for it
@@ -246,19 +261,11 @@ TEST_F(CaptureParticipantTest, EachLaunchIsArmedWithWhatItsOwnRecordingKept) {
     EXPECT_EQ(ValueOf(out[0]), call);
     tree_->BeginStep();
   }
-  EXPECT_EQ(a->events, (std::vector<std::string>{
-                           "a: take 0 eagerly",
-                           "a: begin capture 1 (tree stream not capturing)",
-                           "a: take in capture 1 of 'counting'",
-                           "a: end capture 1 (tree stream not capturing)",
-                           "a: arm capture 1 with 1 on the tree's stream",
-                           "a: begin capture 2 (tree stream not capturing)",
-                           "a: take in capture 2 of 'counting'",
-                           "a: end capture 2 (tree stream not capturing)",
-                           "a: arm capture 2 with 2 on the tree's stream",
-                           "a: arm capture 1 with 3 on the caller's stream",
-                           "a: arm capture 2 with 4 on the caller's stream",
-                       }));
+  EXPECT_EQ(a->events, Events({{"a: take 0 eagerly"},
+                               Recorded("a", 1, 1),
+                               Recorded("a", 2, 2),
+                               {"a: arm capture 1 with 3 on the caller's stream",
+                                "a: arm capture 2 with 4 on the caller's stream"}}));
   EXPECT_EQ(a->live_captured(), 2);
   tree_.reset();
   EXPECT_EQ(a->live_captured(), 0);
@@ -279,15 +286,9 @@ TEST_F(CaptureParticipantTest, AFailedCaptureCancelsEveryParticipantAndTheNextRe
   ASSERT_OK_AND_ASSIGN(Outputs out, tree_->Call(f, {w}, caller_));  // recorded now
   EXPECT_EQ(ValueOf(out[0]), 1);
   EXPECT_EQ(ValueOf(out[1]), 1);
-  const std::vector<std::string> expected_b = {
-      "b: take 0 eagerly",
-      "b: begin capture 1 (tree stream not capturing)",
-      "b: cancel capture 1",
-      "b: begin capture 2 (tree stream not capturing)",
-      "b: take in capture 2 of 'counting'",
-      "b: end capture 2 (tree stream not capturing)",
-      "b: arm capture 2 with 1 on the tree's stream",
-  };
+  const std::vector<std::string> expected_b =
+      Events({{"b: take 0 eagerly", "b: begin capture 1 (tree stream not capturing)", "b: cancel capture 1"},
+              Recorded("b", 2, 1)});
   EXPECT_EQ(b->events, expected_b);
   EXPECT_EQ(a->events.size(), expected_b.size()) << "a was driven like b";
   EXPECT_EQ(a->live_captured(), 1);
@@ -319,39 +320,17 @@ TEST_F(CaptureParticipantTest, AParticipantThatFailsToBeginOrEndCancelsTheOthers
 
   ASSERT_OK_AND_ASSIGN(Outputs out, tree_->Call(f, {w}, caller_));
   for (const TreeOutput& o : out) EXPECT_EQ(ValueOf(o), 1);
-  EXPECT_EQ(a->events, (std::vector<std::string>{
-                           "a: take 0 eagerly",
-                           "a: begin capture 1 (tree stream not capturing)",
-                           "a: cancel capture 1",
-                           "a: begin capture 2 (tree stream not capturing)",
-                           "a: take in capture 2 of 'counting'",
-                           "a: end capture 2 (tree stream not capturing)",
-                           "a: begin capture 3 (tree stream not capturing)",
-                           "a: take in capture 3 of 'counting'",
-                           "a: end capture 3 (tree stream not capturing)",
-                           "a: arm capture 3 with 1 on the tree's stream",
-                       }));
-  EXPECT_EQ(b->events, (std::vector<std::string>{
-                           "b: take 0 eagerly",
-                           "b: begin capture 1 (tree stream not capturing)",
-                           "b: begin capture 2 (tree stream not capturing)",
-                           "b: take in capture 2 of 'counting'",
-                           "b: end capture 2 (tree stream not capturing)",
-                           "b: begin capture 3 (tree stream not capturing)",
-                           "b: take in capture 3 of 'counting'",
-                           "b: end capture 3 (tree stream not capturing)",
-                           "b: arm capture 3 with 1 on the tree's stream",
-                       }));
-  EXPECT_EQ(c->events, (std::vector<std::string>{
-                           "c: take 0 eagerly",
-                           "c: begin capture 2 (tree stream not capturing)",
-                           "c: take in capture 2 of 'counting'",
-                           "c: cancel capture 2",
-                           "c: begin capture 3 (tree stream not capturing)",
-                           "c: take in capture 3 of 'counting'",
-                           "c: end capture 3 (tree stream not capturing)",
-                           "c: arm capture 3 with 1 on the tree's stream",
-                       }));
+  EXPECT_EQ(
+      a->events,
+      Events({{"a: take 0 eagerly", "a: begin capture 1 (tree stream not capturing)", "a: cancel capture 1"},
+              Captured("a", 2),  // ended: what it returned went with the failed node
+              Recorded("a", 3, 1)}));
+  EXPECT_EQ(b->events, Events({{"b: take 0 eagerly", "b: begin capture 1 (tree stream not capturing)"},
+                               Captured("b", 2),  // its end failed
+                               Recorded("b", 3, 1)}));
+  EXPECT_EQ(c->events, Events({{"c: take 0 eagerly", "c: begin capture 2 (tree stream not capturing)",
+                                "c: take in capture 2 of 'counting'", "c: cancel capture 2"},
+                               Recorded("c", 3, 1)}));
   EXPECT_EQ(a->live_captured(), 1);  // capture 2's state went with the failed node
   EXPECT_EQ(b->live_captured(), 1);
   EXPECT_EQ(c->live_captured(), 1);
@@ -371,15 +350,8 @@ TEST_F(CaptureParticipantTest, EagerFallbackCallsUseTheParticipantEagerly) {
     EXPECT_EQ(ValueOf(out[0]), call);
     tree_->BeginStep();
   }
-  EXPECT_EQ(a->events, (std::vector<std::string>{
-                           "a: take 0 eagerly",
-                           "a: begin capture 1 (tree stream not capturing)",
-                           "a: take in capture 1 of 'counting'",
-                           "a: end capture 1 (tree stream not capturing)",
-                           "a: arm capture 1 with 1 on the tree's stream",
-                           "a: take 2 eagerly",
-                           "a: take 3 eagerly",
-                       }));
+  EXPECT_EQ(a->events,
+            Events({{"a: take 0 eagerly"}, Recorded("a", 1, 1), {"a: take 2 eagerly", "a: take 3 eagerly"}}));
   EXPECT_EQ(tree_->Dump().counters.eager_runs, 2u);
   ASSERT_EQ(warnings_.size(), 1u);
 }
