@@ -6,14 +6,10 @@
 #include "absl/strings/str_format.h"
 
 namespace graphalloc {
-namespace {
 
-// `status` with `context` in front of its message, same code.
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
 }
-
-}  // namespace
 
 absl::StatusOr<OwnedGraphExec> Instantiate(Driver& driver, const OwnedGraph& graph) {
   absl::StatusOr<GraphExec> exec = driver.GraphInstantiate(graph.get());

@@ -16,6 +16,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "graphalloc/allocator/caching_allocator.h"
 #include "graphalloc/allocator/device/driver.h"
 
@@ -57,6 +58,10 @@ using OwnedGraphExec = OwnedDriverHandle<GraphExec, &Driver::GraphExecDestroy>;
 
 // Instantiates `graph`.
 absl::StatusOr<OwnedGraphExec> Instantiate(Driver& driver, const OwnedGraph& graph);
+
+// `status` with "`context`: " in front of its message, same code: how the graph layer says which of its
+// steps a lower layer's error came from.
+absl::Status Annotate(const absl::Status& status, absl::string_view context);
 
 struct CaptureOptions {
   // Thread-local, as PyTorch's graph trees capture: other threads (data loaders, watchdogs) may keep

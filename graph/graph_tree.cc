@@ -153,6 +153,11 @@ InputRole GraphTree::RoleOf(const Function& fn, std::size_t i, const CallInput& 
   return InputRole::kCopied;
 }
 
+void GraphTree::ViewInputs(std::span<const CallInput> inputs) {
+  scratch_views_.resize(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) scratch_views_[i] = inputs[i].view();
+}
+
 void GraphTree::BuildKey(const Function& fn, std::span<const CallInput> inputs) {
   scratch_key_.inputs.resize(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -254,15 +259,38 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Replay(TreeNode& node, std::s
     const BufferView& src = inputs[index].view();
     if (absl::Status s = driver_.CopyAsync(buffer, src.ptr, src.bytes, stream); !s.ok()) return s;
   }
-  absl::StatusOr<GraphExec> exec = node.site->executables.Acquire(node.exec, node.graph);
-  if (!exec.ok()) return exec.status();
-  if (absl::Status s = PrepareRngReplay(node, stream); !s.ok()) return s;
-  if (absl::Status s = driver_.GraphLaunch(*exec, stream); !s.ok()) return s;
-  launched_ = true;
-  if (absl::Status s = WriteBack(node, inputs, stream); !s.ok()) return s;
+  if (absl::Status s = LaunchNode(node, inputs, stream); !s.ok()) return s;
   ++node.replays;
   ++counters_.replays;
   return FinishRecordedCall(node, inputs, stream);
+}
+
+absl::Status GraphTree::LaunchNode(TreeNode& node, std::span<const CallInput> inputs, Stream stream) {
+  absl::StatusOr<GraphExec> exec = node.site->executables.Acquire(node.exec, node.graph);
+  if (!exec.ok()) return exec.status();
+  if (absl::Status s = ArmParticipants(node, stream); !s.ok()) return s;
+  if (absl::Status s = driver_.GraphLaunch(*exec, stream); !s.ok()) return s;
+  launched_ = true;
+  return WriteBack(node, inputs, stream);
+}
+
+absl::Status GraphTree::ArmParticipants(const TreeNode& node, Stream stream) {
+  const std::vector<CaptureParticipant*>& participants = functions_[node.function].options.generators;
+  for (std::size_t i = 0; i < node.participants.size(); ++i) {
+    if (absl::Status s = participants[i]->ArmReplay(*node.participants[i], stream); !s.ok()) {
+      return Annotate(
+          s, absl::StrFormat("graph tree: preparing generator %d for a launch of node %d", i, node.id));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GraphTree::WriteBack(const TreeNode& node, std::span<const CallInput> inputs, Stream stream) {
+  for (const auto& [index, buffer] : node.write_backs) {
+    const BufferView& dst = inputs[index].view();
+    if (absl::Status s = driver_.CopyAsync(dst.ptr, buffer, dst.bytes, stream); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<TreeOutput>> GraphTree::FinishRecordedCall(TreeNode& node,
@@ -307,8 +335,7 @@ void GraphTree::MakeSiteEager(CallSite& site, std::string warning) {
 absl::StatusOr<std::vector<TreeOutput>> GraphTree::RunEager(Function& fn, CallSite* site,
                                                             std::span<const CallInput> inputs,
                                                             Stream stream) {
-  scratch_views_.resize(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i) scratch_views_[i] = inputs[i].view();
+  ViewInputs(inputs);
   absl::StatusOr<std::vector<BufferView>> produced = fn.body(scratch_views_, stream);
   if (!produced.ok()) return produced.status();
   ++counters_.eager_runs;

@@ -1,5 +1,5 @@
-// The graph tree recorder: PyTorch's CUDA graph trees (../shared/reference/cuda_graph_trees.md) in C++,
-// on the Driver interface, so it runs on the simulated device and on a GPU.
+// The graph tree recorder: PyTorch's CUDA graph trees in C++ (docs/graph_tree_rules.md), on the Driver
+// interface, so it runs on the simulated device and on a GPU.
 //
 // A user registers functions. A function takes input buffers and a stream, enqueues work on the stream
 // and returns output buffers it allocated through the tree's allocator; some inputs are declared static
@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/graph/capture_participant.h"
 #include "graphalloc/graph/capture_session.h"
 #include "graphalloc/graph/recording_key.h"
 #include "graphalloc/graph/tree_dump.h"
@@ -53,7 +54,6 @@
 
 namespace graphalloc {
 
-class Generator;           // rng/generator.h
 class InputMutationCheck;  // graph/input_mutation_check.h
 
 enum class TreeLogLevel { kInfo, kWarning };
@@ -101,13 +101,14 @@ struct FunctionOptions {
   // copied one is copied into the graph's buffer before each launch and back into the caller's buffer
   // right after it (on the same stream), so the caller sees the write as an eager call would make it.
   std::vector<std::size_t> mutated_inputs = {};
-  // Random generators the function draws from (rng/generator.h). A graph must not bake a (seed, offset)
-  // in, so each recording captures their state (its own device slots) and every launch of it is preceded
-  // by the generator's PrepareReplay on the launch stream: a sequence of calls draws exactly what the same
-  // sequence of eager calls would, whether each call warms up, records, replays or runs eagerly. They
-  // must outlive the tree, and must not be in another capture while the tree records. Drawing from a
-  // generator not listed here while the function is recorded fails the recording (rng/draw_guard.h).
-  std::vector<Generator*> generators = {};
+  // The capture participants the function uses (capture_participant.h): the random generators it draws
+  // from (rng/generator.h). A graph must not bake a (seed, offset) in, so each recording captures their
+  // state (its own device slots) and every launch of it is preceded by the generator's replay prologue on
+  // the launch stream: a sequence of calls draws exactly what the same sequence of eager calls would,
+  // whether each call warms up, records, replays or runs eagerly. They must outlive the tree, and must not
+  // be in another capture while the tree records. Drawing from a generator not listed here while the
+  // function is recorded fails the recording (RecordingScope).
+  std::vector<CaptureParticipant*> generators = {};
 };
 
 class GraphTree {
@@ -167,6 +168,8 @@ class GraphTree {
   void EndStep();
   CallSite& SiteFor(TreeNode* parent, FunctionId function);
   absl::Status CheckInputs(std::span<const CallInput> inputs) const;
+  // scratch_views_ = the inputs' views: what a function is passed before copied inputs are staged.
+  void ViewInputs(std::span<const CallInput> inputs);
   // How input `i` of a call of `fn` is passed to the graph (recording_key.h).
   InputRole RoleOf(const Function& fn, std::size_t i, const CallInput& input) const;
   // Fills scratch_key_ for a call of `fn`.
@@ -176,6 +179,13 @@ class GraphTree {
   KeyMismatch ExplainMiss(const CallSite& site) const;
   absl::StatusOr<std::vector<TreeOutput>> Replay(TreeNode& node, std::span<const CallInput> inputs,
                                                  Stream stream);
+  // Launches `node`'s graph on `stream` (its copied inputs already copied in): takes an executable of its
+  // site, re-arms the function's participants, launches, and writes declared mutated inputs back.
+  absl::Status LaunchNode(TreeNode& node, std::span<const CallInput> inputs, Stream stream);
+  // Re-arms the function's participants for a launch of `node` on `stream` (their ArmReplay).
+  absl::Status ArmParticipants(const TreeNode& node, Stream stream);
+  // Copies declared mutated copied inputs back into the caller's buffers after a launch of `node`.
+  absl::Status WriteBack(const TreeNode& node, std::span<const CallInput> inputs, Stream stream);
   // An eager call: a node of the path (the site's eager node; none during a warmup step) whose outputs
   // are the caller's.
   absl::StatusOr<std::vector<TreeOutput>> RunEager(Function& fn, CallSite* site,
@@ -187,11 +197,6 @@ class GraphTree {
   std::vector<TreeOutput> MakeOutputs(const Function& fn, std::span<const OutputSpec> specs,
                                       std::span<const CallInput> inputs, OutputKind new_kind, bool recorded,
                                       PathEntry& entry);
-  // Copies declared mutated copied inputs back into the caller's buffers after a launch of `node`.
-  absl::Status WriteBack(const TreeNode& node, std::span<const CallInput> inputs, Stream stream);
-  // Whether a warmup of `fn` compares input `i` before and after the call
-  // (TreeOptions::check_input_mutation).
-  bool ChecksForMutation(const Function& fn, std::size_t i, const CallInput& input) const;
   // Hands out a recorded node's outputs for this step and appends the call to the path.
   absl::StatusOr<std::vector<TreeOutput>> FinishRecordedCall(TreeNode& node,
                                                              std::span<const CallInput> inputs,
@@ -200,17 +205,9 @@ class GraphTree {
                                                      Stream stream);
   void Log(TreeLogLevel level, std::string_view message) const;
 
-  // ---- Warmup and recording (tree_recording.cc). ----
-  absl::StatusOr<std::vector<TreeOutput>> Warmup(FunctionId id, std::span<const CallInput> inputs,
-                                                 Stream stream);
-  // After a warmup of `fn` (its work on the tree's stream): an input that changed makes `fn` run eagerly
-  // from then on, with one warning naming it and the input.
-  absl::Status CheckWarmupMutation(Function& fn, InputMutationCheck& check);
-  absl::StatusOr<std::vector<TreeOutput>> Record(CallSite& site, std::span<const CallInput> inputs,
-                                                 Stream stream, const KeyMismatch& why);
-  // What the function returned, classified (OutputSpec); `seen` is what it was passed.
-  static std::vector<OutputSpec> ClassifyOutputs(std::span<const BufferView> seen,
-                                                 std::span<const BufferView> produced);
+  // ---- The pool's layout (tree_recording.cc). ----
+  absl::Status JoinTreeToCaller(Stream caller);
+  absl::Status JoinCallerToTree(Stream caller);
   // The pool's layout now, once blocks waiting on stream events have settled.
   absl::StatusOr<PoolCheckpoint> CheckpointPool();
   // Makes the pool's layout what it was right after `parent` was recorded (empty for a root), minus the
@@ -218,10 +215,56 @@ class GraphTree {
   absl::Status PreparePoolFor(const TreeNode* parent);
   // Frees the blocks of warmup calls on the path: the dead ones, or all (`all`) at the end of a step.
   void FreeWarmupBlocks(bool all);
-  absl::Status JoinTreeToCaller(Stream caller);
-  // Publishes the generators' current (seed, offset) to `node`'s slots on `stream`, before a launch.
-  absl::Status PrepareRngReplay(const TreeNode& node, Stream stream);
-  absl::Status JoinCallerToTree(Stream caller);
+  // What the function returned, classified (OutputSpec); `seen` is what it was passed.
+  static std::vector<OutputSpec> ClassifyOutputs(std::span<const BufferView> seen,
+                                                 std::span<const BufferView> produced);
+
+  // ---- Warmup (tree_recording.cc). ----
+  absl::StatusOr<std::vector<TreeOutput>> Warmup(FunctionId id, std::span<const CallInput> inputs,
+                                                 Stream stream);
+  // Whether a warmup of `fn` compares input `i` before and after the call
+  // (TreeOptions::check_input_mutation).
+  bool ChecksForMutation(const Function& fn, std::size_t i, const CallInput& input) const;
+  // Gives `check` the bytes of the inputs a warmup of `fn` compares (synchronizing `stream` once first);
+  // false when it compares none.
+  absl::StatusOr<bool> TakeInputsBeforeWarmup(const Function& fn, std::span<const CallInput> inputs,
+                                              Stream stream, InputMutationCheck& check);
+  // Runs `fn` on scratch_views_ on the tree's stream, what it allocates routed to the pool.
+  absl::StatusOr<std::vector<BufferView>> RunInPool(const Function& fn);
+  // After a warmup of `fn` (its work on the tree's stream): an input that changed makes `fn` run eagerly
+  // from then on, with one warning naming it and the input.
+  absl::Status CheckWarmupMutation(Function& fn, InputMutationCheck& check);
+  // Appends a successful warmup call of `id` to the path (its new outputs: blocks to free once dead) and
+  // returns its output handles.
+  std::vector<TreeOutput> AddWarmupCall(FunctionId id, std::span<const OutputSpec> specs,
+                                        std::span<const CallInput> inputs);
+
+  // ---- Recording (tree_recording.cc): Record's steps, in order. ----
+  absl::StatusOr<std::vector<TreeOutput>> Record(CallSite& site, std::span<const CallInput> inputs,
+                                                 Stream stream, const KeyMismatch& why);
+  // A node for a recording at `site`, keyed by scratch_key_ (not yet in the site).
+  std::unique_ptr<TreeNode> NewNode(CallSite& site, const KeyMismatch& why) const;
+  // Every step that may fail, in order; returns how many blocks the pool holds allocated afterwards.
+  absl::StatusOr<std::size_t> RecordNode(const Function& fn, TreeNode& node,
+                                         std::span<const CallInput> inputs, Stream stream);
+  // Allocates the graph's own buffers for copied inputs in the pool and fills them now (a capture records,
+  // it does not run); scratch_views_ becomes what the captured function is passed.
+  absl::Status StageCopiedInputs(const Function& fn, TreeNode& node, std::span<const CallInput> inputs);
+  // Captures the function into node.graph, its participants begun before and ended right after (their
+  // Captured kept in the node); classifies its outputs.
+  absl::Status CaptureBody(const Function& fn, TreeNode& node);
+  // Frees the copy buffers, takes node.checkpoint and checks that every new output is a block of it;
+  // returns how many blocks it holds allocated.
+  absl::StatusOr<std::size_t> CheckpointRecording(const Function& fn, TreeNode& node);
+  // Which outputs of the path the node may overwrite (dead now) and which its checkpoint holds.
+  void NoteLiveness(TreeNode& node) const;
+  // Makes the node one of `site`'s recordings (counters, log, the pool's layout is its checkpoint).
+  TreeNode& AddRecording(CallSite& site, std::unique_ptr<TreeNode> node, const KeyMismatch& why,
+                         std::size_t allocated);
+  // Undoes a failed recording (the node goes, the pool goes back to the parent's layout) and returns
+  // `error` saying so.
+  absl::Status FailRecording(CallSite& site, std::unique_ptr<TreeNode> node, const Function& fn,
+                             const absl::Status& error);
 
   CachingAllocator& allocator_;
   Driver& driver_;

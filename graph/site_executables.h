@@ -2,7 +2,7 @@
 //
 // Every recording keeps its captured graph; an executable is what launches it. Instantiating a 100-node
 // graph costs about 400 us on an H100, updating an executable of the same topology in place
-// (cuGraphExecUpdate) about 17 us (../shared/reference/cuda_graph_trees.md, Appendix A). So:
+// (cuGraphExecUpdate) about 17 us (docs/graph_tree_rules.md, "Executables per call site"). So:
 //   - a new recording at a site that has executables takes the least recently launched one and updates it
 //     in place (the common re-record is a parameter that moved for good: the old recording is done with);
 //     only when the driver refuses (another topology) is it instantiated anew;

@@ -1,6 +1,8 @@
 #include "graphalloc/graph/tree_dump.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -30,6 +32,49 @@ std::vector<const TreeDumpNode*> TreeDump::NodesOf(std::uint32_t function) const
   return out;
 }
 
+namespace {
+
+TreeDumpSite DumpSite(const CallSite& site, std::uint64_t parent, std::string function_name) {
+  TreeDumpSite ds;
+  ds.parent = parent;
+  ds.function = site.function;
+  ds.function_name = std::move(function_name);
+  ds.recordings = site.nodes.size();
+  ds.rerecords = site.rerecords;
+  ds.reasons = site.reasons;
+  ds.failed_recordings = site.failed_recordings;
+  ds.eager = site.eager;
+  ds.eager_calls = site.eager_calls;
+  ds.eager_warning = site.eager_warning;
+  ds.eager_node = site.eager_node != nullptr ? site.eager_node->id : 0;
+  ds.executables = site.executables.size();
+  ds.executable_counters = site.executables.counters();
+  return ds;
+}
+
+TreeDumpNode DumpNode(const TreeNode& node, std::uint64_t parent, std::string function_name) {
+  TreeDumpNode dn;
+  dn.id = node.id;
+  dn.parent = parent;
+  dn.function = node.function;
+  dn.function_name = std::move(function_name);
+  dn.depth = node.depth;
+  dn.inputs = node.key.inputs;
+  for (const OutputSpec& o : node.outputs) dn.outputs.push_back(o.buffer);
+  dn.reason = node.reason;
+  dn.reason_detail = node.reason_detail;
+  dn.replays = node.replays;
+  dn.has_executable = node.exec.slot != ExecHolder::kNone;
+  dn.checkpoint_segments = node.checkpoint.segments.size();
+  for (const CheckpointSegment& s : node.checkpoint.segments) {
+    for (const CheckpointBlock& b : s.blocks) dn.checkpoint_allocated_bytes += b.allocated ? b.size : 0;
+  }
+  dn.expected_dead = node.expected_dead.size();
+  return dn;
+}
+
+}  // namespace
+
 TreeDump GraphTree::Dump() const {
   TreeDump dump;
   dump.step = step();
@@ -54,41 +99,11 @@ TreeDump GraphTree::Dump() const {
     std::sort(ordered.begin(), ordered.end(),
               [](const CallSite* a, const CallSite* b) { return a->function < b->function; });
     for (const CallSite* site : ordered) {
+      const std::string& name = functions_[site->function].options.name;
       const std::uint64_t parent = site->parent != nullptr ? site->parent->id : 0;
-      TreeDumpSite ds;
-      ds.parent = parent;
-      ds.function = site->function;
-      ds.function_name = functions_[site->function].options.name;
-      ds.recordings = site->nodes.size();
-      ds.rerecords = site->rerecords;
-      ds.reasons = site->reasons;
-      ds.failed_recordings = site->failed_recordings;
-      ds.eager = site->eager;
-      ds.eager_calls = site->eager_calls;
-      ds.eager_warning = site->eager_warning;
-      ds.eager_node = site->eager_node != nullptr ? site->eager_node->id : 0;
-      ds.executables = site->executables.size();
-      ds.executable_counters = site->executables.counters();
-      dump.sites.push_back(std::move(ds));
+      dump.sites.push_back(DumpSite(*site, parent, name));
       for (const std::unique_ptr<TreeNode>& node : site->nodes) {
-        TreeDumpNode dn;
-        dn.id = node->id;
-        dn.parent = parent;
-        dn.function = node->function;
-        dn.function_name = functions_[node->function].options.name;
-        dn.depth = node->depth;
-        dn.inputs = node->key.inputs;
-        for (const OutputSpec& o : node->outputs) dn.outputs.push_back(o.buffer);
-        dn.reason = node->reason;
-        dn.reason_detail = node->reason_detail;
-        dn.replays = node->replays;
-        dn.has_executable = node->exec.slot != ExecHolder::kNone;
-        dn.checkpoint_segments = node->checkpoint.segments.size();
-        for (const CheckpointSegment& s : node->checkpoint.segments) {
-          for (const CheckpointBlock& b : s.blocks) dn.checkpoint_allocated_bytes += b.allocated ? b.size : 0;
-        }
-        dn.expected_dead = node->expected_dead.size();
-        dump.nodes.push_back(std::move(dn));
+        dump.nodes.push_back(DumpNode(*node, parent, name));
         self(self, node->children);
       }
       if (site->eager_node != nullptr) self(self, site->eager_node->children);

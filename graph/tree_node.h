@@ -19,11 +19,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "graphalloc/allocator/pool_checkpoint.h"
+#include "graphalloc/graph/capture_participant.h"
 #include "graphalloc/graph/capture_session.h"
 #include "graphalloc/graph/recording_key.h"
 #include "graphalloc/graph/site_executables.h"
 #include "graphalloc/graph/tree_output.h"
-#include "graphalloc/rng/generator.h"
 
 namespace graphalloc {
 
@@ -78,9 +78,10 @@ struct TreeNode {
 
   OwnedGraph graph;
   ExecHolder exec;
-  // One per generator of the function (FunctionOptions::generators), in that order: what the recording
-  // draws and the slots its kernels read the base from at replay.
-  std::vector<CapturedRng> rng;
+  // One per participant of the function (FunctionOptions::generators), in that order: what each kept for
+  // this recording (for a generator: what it draws and the slots its kernels read the base from), handed
+  // back to it before every launch.
+  std::vector<std::unique_ptr<CaptureParticipant::Captured>> participants;
   // The pool right after recording (its outputs allocated), restored before recording a child.
   PoolCheckpoint checkpoint;
   // Path outputs (this node's included) allocated in `checkpoint`: freed after a restore once dead.

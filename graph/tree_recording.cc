@@ -12,21 +12,13 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graphalloc/allocator/base/status_macros.h"
+#include "graphalloc/graph/capture_participant.h"
 #include "graphalloc/graph/graph_tree.h"
 #include "graphalloc/graph/input_mutation_check.h"
-#include "graphalloc/rng/draw_guard.h"
-#include "graphalloc/rng/generator.h"
 
 namespace graphalloc {
 namespace {
-
-// Generator capture ids tag capture-relative generator states; unique in the process, so a state saved
-// during one recording can never be restored during another (of this tree or any other).
-std::atomic<std::uint64_t> next_rng_capture_id{1};
-
-absl::Status Annotate(const absl::Status& status, absl::string_view context) {
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
-}
 
 // Allocated blocks of a checkpoint, by address.
 absl::flat_hash_set<DevicePtr> AllocatedBlocks(const PoolCheckpoint& checkpoint) {
@@ -49,17 +41,6 @@ absl::Status GraphTree::JoinTreeToCaller(Stream caller) {
 absl::Status GraphTree::JoinCallerToTree(Stream caller) {
   if (absl::Status s = driver_.EventRecord(tree_done_, stream_); !s.ok()) return s;
   return driver_.StreamWaitEvent(caller, tree_done_);
-}
-
-absl::Status GraphTree::PrepareRngReplay(const TreeNode& node, Stream stream) {
-  const std::vector<Generator*>& generators = functions_[node.function].options.generators;
-  for (std::size_t i = 0; i < node.rng.size(); ++i) {
-    if (absl::Status s = generators[i]->PrepareReplay(node.rng[i], stream); !s.ok()) {
-      return Annotate(
-          s, absl::StrFormat("graph tree: preparing generator %d for a launch of node %d", i, node.id));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<PoolCheckpoint> GraphTree::CheckpointPool() {
@@ -244,36 +225,21 @@ absl::Status GraphTree::CheckWarmupMutation(Function& fn, InputMutationCheck& ch
   return absl::OkStatus();
 }
 
-absl::Status GraphTree::WriteBack(const TreeNode& node, std::span<const CallInput> inputs, Stream stream) {
-  for (const auto& [index, buffer] : node.write_backs) {
-    const BufferView& dst = inputs[index].view();
-    if (absl::Status s = driver_.CopyAsync(dst.ptr, buffer, dst.bytes, stream); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::span<const CallInput> inputs,
-                                                          Stream stream) {
-  Function& fn = functions_[id];
-  if (in_warmup_) {
-    FreeWarmupBlocks(/*all=*/false);
-  } else if (absl::Status s = PreparePoolFor(current_); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = JoinTreeToCaller(stream); !s.ok()) return s;
-  scratch_views_.resize(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i) scratch_views_[i] = inputs[i].view();
-  InputMutationCheck mutation_check(driver_);
-  bool check_mutation = false;
+absl::StatusOr<bool> GraphTree::TakeInputsBeforeWarmup(const Function& fn, std::span<const CallInput> inputs,
+                                                       Stream stream, InputMutationCheck& check) {
+  bool checking = false;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (!ChecksForMutation(fn, i, inputs[i])) continue;
-    if (!check_mutation) {
-      if (absl::Status s = driver_.StreamSynchronize(stream); !s.ok()) return s;
-      check_mutation = true;
+    if (!checking) {
+      GRAPHALLOC_RETURN_IF_ERROR(driver_.StreamSynchronize(stream));
+      checking = true;
     }
-    if (absl::Status s = mutation_check.Before(i, inputs[i].view()); !s.ok()) return s;
+    GRAPHALLOC_RETURN_IF_ERROR(check.Before(i, inputs[i].view()));
   }
+  return checking;
+}
 
+absl::StatusOr<std::vector<BufferView>> GraphTree::RunInPool(const Function& fn) {
   absl::StatusOr<PoolRoute> route =
       allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForCallingThread());
   if (!route.ok()) return route.status();
@@ -285,169 +251,206 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::sp
                     absl::StrFormat("graph tree: warmup call of '%s' failed", fn.options.name));
   }
   if (!ended.ok()) return ended;
-  const std::vector<OutputSpec> specs_now = ClassifyOutputs(scratch_views_, *produced);
-  const std::vector<OutputSpec>* specs = &specs_now;
-  absl::Status valid = absl::OkStatus();
-  {
-    absl::StatusOr<PoolCheckpoint> layout = CheckpointPool();
-    valid =
-        layout.ok() ? CheckOutputsInPool(fn.options.name, *specs, AllocatedBlocks(*layout)) : layout.status();
-  }
-  if (absl::Status s = JoinCallerToTree(stream); !s.ok() && valid.ok()) valid = s;
-  if (valid.ok() && check_mutation) valid = CheckWarmupMutation(fn, mutation_check);
-  if (!valid.ok()) return valid;  // what it allocated stays in the pool until the next restore frees it
+  return produced;
+}
 
+std::vector<TreeOutput> GraphTree::AddWarmupCall(FunctionId id, std::span<const OutputSpec> specs,
+                                                 std::span<const CallInput> inputs) {
+  Function& fn = functions_[id];
   ++fn.warmup_runs;
   ++counters_.warmup_runs;
   in_warmup_ = true;
   PathEntry& entry = path_.emplace_back();
   entry.function = id;
   std::vector<TreeOutput> outputs =
-      MakeOutputs(fn, *specs, inputs, OutputKind::kPool, /*recorded=*/false, entry);
-  for (std::size_t j = 0; j < specs->size(); ++j) {
-    if ((*specs)[j].source == OutputSpec::Source::kNew) {
-      entry.warmup_blocks.emplace_back(static_cast<std::uint32_t>(j), (*specs)[j].buffer.ptr);
+      MakeOutputs(fn, specs, inputs, OutputKind::kPool, /*recorded=*/false, entry);
+  for (std::size_t j = 0; j < specs.size(); ++j) {
+    if (specs[j].source == OutputSpec::Source::kNew) {
+      entry.warmup_blocks.emplace_back(static_cast<std::uint32_t>(j), specs[j].buffer.ptr);
     }
   }
-  return MaybeClone(fn, std::move(outputs), stream);
+  return outputs;
 }
+
+absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::span<const CallInput> inputs,
+                                                          Stream stream) {
+  Function& fn = functions_[id];
+  if (in_warmup_) {
+    FreeWarmupBlocks(/*all=*/false);
+  } else {
+    GRAPHALLOC_RETURN_IF_ERROR(PreparePoolFor(current_));
+  }
+  GRAPHALLOC_RETURN_IF_ERROR(JoinTreeToCaller(stream));
+  ViewInputs(inputs);
+  InputMutationCheck mutation_check(driver_);
+  GRAPHALLOC_ASSIGN_OR_RETURN(const bool check_mutation,
+                              TakeInputsBeforeWarmup(fn, inputs, stream, mutation_check));
+  GRAPHALLOC_ASSIGN_OR_RETURN(const std::vector<BufferView> produced, RunInPool(fn));
+
+  const std::vector<OutputSpec> specs = ClassifyOutputs(scratch_views_, produced);
+  absl::StatusOr<PoolCheckpoint> layout = CheckpointPool();
+  absl::Status valid =
+      layout.ok() ? CheckOutputsInPool(fn.options.name, specs, AllocatedBlocks(*layout)) : layout.status();
+  if (absl::Status s = JoinCallerToTree(stream); !s.ok() && valid.ok()) valid = s;
+  if (valid.ok() && check_mutation) valid = CheckWarmupMutation(fn, mutation_check);
+  if (!valid.ok()) return valid;  // what it allocated stays in the pool until the next restore frees it
+  return MaybeClone(fn, AddWarmupCall(id, specs, inputs), stream);
+}
+
+// ---- Recording: Record and its steps, in the order it takes them. ----
 
 absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::span<const CallInput> inputs,
                                                           Stream stream, const KeyMismatch& why) {
-  Function& fn = functions_[site.function];
-  TreeNode* const parent = site.parent;
-  if (absl::Status s = PreparePoolFor(parent); !s.ok()) return s;
-  if (absl::Status s = JoinTreeToCaller(stream); !s.ok()) return s;
+  const Function& fn = functions_[site.function];
+  GRAPHALLOC_RETURN_IF_ERROR(PreparePoolFor(site.parent));
+  GRAPHALLOC_RETURN_IF_ERROR(JoinTreeToCaller(stream));
+  std::unique_ptr<TreeNode> node = NewNode(site, why);
+  absl::StatusOr<std::size_t> allocated = RecordNode(fn, *node, inputs, stream);
+  if (!allocated.ok()) return FailRecording(site, std::move(node), fn, allocated.status());
+  NoteLiveness(*node);
+  TreeNode& added = AddRecording(site, std::move(node), why, *allocated);
+  return FinishRecordedCall(added, inputs, stream);
+}
 
+absl::StatusOr<std::size_t> GraphTree::RecordNode(const Function& fn, TreeNode& node,
+                                                  std::span<const CallInput> inputs, Stream stream) {
+  GRAPHALLOC_RETURN_IF_ERROR(StageCopiedInputs(fn, node, inputs));
+  GRAPHALLOC_RETURN_IF_ERROR(CaptureBody(fn, node));
+  GRAPHALLOC_ASSIGN_OR_RETURN(const std::size_t allocated, CheckpointRecording(fn, node));
+  GRAPHALLOC_RETURN_IF_ERROR(LaunchNode(node, inputs, stream_));  // the recording's own launch
+  GRAPHALLOC_RETURN_IF_ERROR(JoinCallerToTree(stream));
+  return allocated;
+}
+
+std::unique_ptr<TreeNode> GraphTree::NewNode(CallSite& site, const KeyMismatch& why) const {
   auto node = std::make_unique<TreeNode>();
   node->id = next_node_id_;
   node->function = site.function;
-  node->parent = parent;
+  node->parent = site.parent;
   node->site = &site;
   node->depth = static_cast<std::uint32_t>(path_.size());
   node->key = scratch_key_;
   node->reason = why.reason;
   if (why.reason != RerecordReason::kFirst) node->reason_detail = DescribeMismatch(why);
+  return node;
+}
 
-  // On any failure: nothing of the attempt stays. The function may have allocated in the pool, so the pool
-  // goes back to the parent's layout.
-  auto fail = [&](const absl::Status& error) -> absl::Status {
-    site.executables.Release(node->exec);
-    node.reset();
-    ++site.failed_recordings;
-    ++counters_.failed_recordings;
-    pool_layout_known_ = false;
-    std::string message =
-        absl::StrFormat("graph tree: recording '%s' failed: %s", fn.options.name, error.message());
-    // Restoring may unmap memory that queued copies still write: let them finish first.
-    absl::Status cleanup = driver_.StreamSynchronize(stream_);
-    if (cleanup.ok()) cleanup = PreparePoolFor(parent);
-    if (!cleanup.ok())
-      absl::StrAppend(&message, " (and putting the pool back failed: ", cleanup.message(), ")");
-    return absl::Status(error.code(), message);
-  };
-
-  // The graph's own buffers for copied inputs, filled now: a capture records, it does not run.
-  scratch_views_.resize(inputs.size());
-  for (std::size_t i = 0; i < inputs.size(); ++i) scratch_views_[i] = inputs[i].view();
-  {
-    absl::StatusOr<PoolRoute> route =
-        allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForStream(stream_));
-    if (!route.ok()) return fail(route.status());
-    pool_layout_known_ = false;
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      const BufferView& src = inputs[i].view();
-      if (scratch_key_.inputs[i].role != InputRole::kCopied || src.bytes == 0) continue;
-      absl::StatusOr<DevicePtr> buffer = allocator_.Allocate(src.bytes, stream_);
-      if (!buffer.ok()) return fail(buffer.status());
-      node->copies.emplace_back(static_cast<std::uint32_t>(i), *buffer);
-      if (i < fn.is_mutated.size() && fn.is_mutated[i])
-        node->write_backs.emplace_back(static_cast<std::uint32_t>(i), *buffer);
-      if (absl::Status s = driver_.CopyAsync(*buffer, src.ptr, src.bytes, stream_); !s.ok()) return fail(s);
-      scratch_views_[i] = BufferView{*buffer, src.bytes};
-    }
-    if (absl::Status s = route->End(); !s.ok()) return fail(s);
+absl::Status GraphTree::StageCopiedInputs(const Function& fn, TreeNode& node,
+                                          std::span<const CallInput> inputs) {
+  ViewInputs(inputs);
+  GRAPHALLOC_ASSIGN_OR_RETURN(PoolRoute route,
+                              allocator_.BeginAllocateToPool(pool_, PoolRouteFilter::ForStream(stream_)));
+  pool_layout_known_ = false;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const BufferView& src = inputs[i].view();
+    if (scratch_key_.inputs[i].role != InputRole::kCopied || src.bytes == 0) continue;
+    GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr buffer, allocator_.Allocate(src.bytes, stream_));
+    node.copies.emplace_back(static_cast<std::uint32_t>(i), buffer);
+    if (i < fn.is_mutated.size() && fn.is_mutated[i])
+      node.write_backs.emplace_back(static_cast<std::uint32_t>(i), buffer);
+    GRAPHALLOC_RETURN_IF_ERROR(driver_.CopyAsync(buffer, src.ptr, src.bytes, stream_));
+    scratch_views_[i] = BufferView{buffer, src.bytes};
   }
+  return route.End();
+}
 
-  // The generators' captures begin before the stream capture (each allocates its replay slots, which a
-  // capture forbids) and end right after it, whatever happened, so no generator stays in capture mode.
-  const std::uint64_t rng_capture_id = next_rng_capture_id.fetch_add(1, std::memory_order_relaxed);
-  std::size_t rng_begun = 0;
-  auto cancel_rng = [&] {
-    for (std::size_t i = 0; i < rng_begun; ++i) (void)fn.options.generators[i]->CancelCapture();
-  };
-  for (Generator* generator : fn.options.generators) {
-    if (absl::Status s = generator->BeginCapture(rng_capture_id); !s.ok()) {
-      cancel_rng();
-      return fail(s);
+namespace {
+
+// Capture ids tag what participants keep per capture (a generator's capture-relative states); unique in the
+// process, so a state saved during one recording can never be restored during another (of any tree).
+std::atomic<std::uint64_t> next_capture_id{1};
+
+void CancelParticipants(std::span<CaptureParticipant* const> participants) {
+  for (CaptureParticipant* participant : participants) participant->OnCaptureCancel();
+}
+
+// Begins every participant, in order; when one fails, those begun are cancelled.
+absl::Status BeginParticipants(std::span<CaptureParticipant* const> participants) {
+  const std::uint64_t capture_id = next_capture_id.fetch_add(1, std::memory_order_relaxed);
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    if (absl::Status s = participants[i]->OnCaptureBegin(capture_id); !s.ok()) {
+      CancelParticipants(participants.first(i));
+      return s;
     }
-    ++rng_begun;
   }
+  return absl::OkStatus();
+}
+
+// Ends every participant, in order, keeping what each returns; when one fails, the rest are cancelled.
+absl::Status EndParticipants(std::span<CaptureParticipant* const> participants,
+                             std::vector<std::unique_ptr<CaptureParticipant::Captured>>& captured) {
+  for (std::size_t i = 0; i < participants.size(); ++i) {
+    absl::StatusOr<std::unique_ptr<CaptureParticipant::Captured>> ended = participants[i]->OnCaptureEnd();
+    if (!ended.ok()) {
+      CancelParticipants(participants.subspan(i + 1));
+      return ended.status();
+    }
+    captured.push_back(std::move(*ended));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GraphTree::CaptureBody(const Function& fn, TreeNode& node) {
+  // The participants begin before the stream capture (a generator allocates its replay slots, which a
+  // capture forbids) and end or are cancelled right after it, so none stays in capture mode.
+  const std::span<CaptureParticipant* const> participants(fn.options.generators);
+  GRAPHALLOC_RETURN_IF_ERROR(BeginParticipants(participants));
   std::vector<BufferView> produced;
   absl::StatusOr<OwnedGraph> graph = CaptureIntoPool(
       allocator_, pool_, stream_,
       [&](Stream s) -> absl::Status {
-        const DrawGuard unregistered_draws(fn.options.name);
-        absl::StatusOr<std::vector<BufferView>> out = fn.body(scratch_views_, s);
-        if (!out.ok()) return out.status();
-        produced = std::move(*out);
+        const RecordingScope recording(fn.options.name);
+        GRAPHALLOC_ASSIGN_OR_RETURN(produced, fn.body(scratch_views_, s));
         return absl::OkStatus();
       },
       options_.capture);
   if (!graph.ok()) {
-    cancel_rng();
-    return fail(graph.status());
+    CancelParticipants(participants);
+    return graph.status();
   }
-  for (std::size_t i = 0; i < rng_begun; ++i) {
-    absl::StatusOr<CapturedRng> captured = fn.options.generators[i]->EndCapture();
-    if (!captured.ok()) {
-      for (std::size_t k = i + 1; k < rng_begun; ++k) (void)fn.options.generators[k]->CancelCapture();
-      return fail(captured.status());
-    }
-    node->rng.push_back(std::move(*captured));
-  }
-  node->graph = std::move(*graph);
-  node->outputs = ClassifyOutputs(scratch_views_, produced);
+  GRAPHALLOC_RETURN_IF_ERROR(EndParticipants(participants, node.participants));
+  node.graph = std::move(*graph);
+  node.outputs = ClassifyOutputs(scratch_views_, produced);
+  return absl::OkStatus();
+}
 
+absl::StatusOr<std::size_t> GraphTree::CheckpointRecording(const Function& fn, TreeNode& node) {
   // The copy buffers are dead once the launch that follows each copy has read them: free, so the pool can
   // lend them to later calls of the step (the next copy into them comes with this node's next replay).
-  for (const auto& [index, buffer] : node->copies) {
-    if (absl::Status s = allocator_.Free(buffer); !s.ok()) return fail(s);
-  }
-  absl::StatusOr<PoolCheckpoint> checkpoint = CheckpointPool();
-  if (!checkpoint.ok()) return fail(checkpoint.status());
-  node->checkpoint = std::move(*checkpoint);
-  const absl::flat_hash_set<DevicePtr> allocated = AllocatedBlocks(node->checkpoint);
-  if (absl::Status s = CheckOutputsInPool(fn.options.name, node->outputs, allocated); !s.ok()) return fail(s);
+  for (const auto& [index, buffer] : node.copies) GRAPHALLOC_RETURN_IF_ERROR(allocator_.Free(buffer));
+  GRAPHALLOC_ASSIGN_OR_RETURN(node.checkpoint, CheckpointPool());
+  const absl::flat_hash_set<DevicePtr> allocated = AllocatedBlocks(node.checkpoint);
+  GRAPHALLOC_RETURN_IF_ERROR(CheckOutputsInPool(fn.options.name, node.outputs, allocated));
+  return allocated.size();
+}
 
-  absl::StatusOr<GraphExec> exec = site.executables.Acquire(node->exec, node->graph);
-  if (!exec.ok()) return fail(exec.status());
-  if (absl::Status s = PrepareRngReplay(*node, stream_); !s.ok()) return fail(s);
-  if (absl::Status s = driver_.GraphLaunch(*exec, stream_); !s.ok()) return fail(s);
-  launched_ = true;
-  if (absl::Status s = WriteBack(*node, inputs, stream_); !s.ok()) return fail(s);
-  if (absl::Status s = JoinCallerToTree(stream); !s.ok()) return fail(s);
-
-  // Liveness: what this recording may overwrite (the dead outputs of the path) and what its checkpoint
-  // holds (the live ones, and its own new outputs).
+void GraphTree::NoteLiveness(TreeNode& node) const {
+  // What this recording may overwrite (the dead outputs of the path) and what its checkpoint holds (the
+  // live ones, and its own new outputs).
   for (std::uint32_t d = 0; d < path_.size(); ++d) {
     const PathEntry& e = path_[d];
     for (std::uint32_t i = 0; i < e.outputs.size(); ++i) {
       if (e.node == nullptr || e.eager || e.node->outputs[i].source != OutputSpec::Source::kNew) continue;
-      (e.outputs[i].expired() ? node->expected_dead : node->live_after).push_back(PathOutputRef{d, i});
+      (e.outputs[i].expired() ? node.expected_dead : node.live_after).push_back(PathOutputRef{d, i});
     }
   }
-  for (std::uint32_t j = 0; j < node->outputs.size(); ++j) {
-    if (node->outputs[j].source == OutputSpec::Source::kNew) node->live_after.push_back({node->depth, j});
+  for (std::uint32_t j = 0; j < node.outputs.size(); ++j) {
+    if (node.outputs[j].source == OutputSpec::Source::kNew) node.live_after.push_back({node.depth, j});
   }
-  if (allocated.size() > node->live_after.size()) {
+}
+
+TreeNode& GraphTree::AddRecording(CallSite& site, std::unique_ptr<TreeNode> node, const KeyMismatch& why,
+                                  std::size_t allocated) {
+  const std::string& name = functions_[site.function].options.name;
+  if (allocated > node->live_after.size()) {
     Log(TreeLogLevel::kWarning,
         absl::StrFormat("graph tree: recording '%s' left %d allocations in the pool that it did not return; "
                         "they stay allocated for as long as the recording lives (free temporaries during the "
                         "call)",
-                        fn.options.name, allocated.size() - node->live_after.size()));
+                        name, allocated - node->live_after.size()));
   }
-
   ++next_node_id_;
   ++counters_.recordings;
   if (why.reason != RerecordReason::kFirst) {
@@ -455,14 +458,32 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
     ++site.reasons[static_cast<int>(why.reason)];
   }
   Log(TreeLogLevel::kInfo,
-      absl::StrFormat("graph tree: recorded '%s' as node %d (%s)", fn.options.name, node->id,
+      absl::StrFormat("graph tree: recorded '%s' as node %d (%s)", name, node->id,
                       why.reason == RerecordReason::kFirst ? "first recording" : node->reason_detail));
   pool_layout_ = node.get();
   pool_layout_known_ = true;
   TreeNode& added = *node;
   site.by_key[added.key.hash].push_back(&added);
   site.nodes.push_back(std::move(node));
-  return FinishRecordedCall(added, inputs, stream);
+  return added;
+}
+
+absl::Status GraphTree::FailRecording(CallSite& site, std::unique_ptr<TreeNode> node, const Function& fn,
+                                      const absl::Status& error) {
+  // The function may have allocated in the pool, so the pool goes back to the parent's layout.
+  site.executables.Release(node->exec);
+  node.reset();
+  ++site.failed_recordings;
+  ++counters_.failed_recordings;
+  pool_layout_known_ = false;
+  std::string message =
+      absl::StrFormat("graph tree: recording '%s' failed: %s", fn.options.name, error.message());
+  // Restoring may unmap memory that queued copies still write: let them finish first.
+  absl::Status cleanup = driver_.StreamSynchronize(stream_);
+  if (cleanup.ok()) cleanup = PreparePoolFor(site.parent);
+  if (!cleanup.ok())
+    absl::StrAppend(&message, " (and putting the pool back failed: ", cleanup.message(), ")");
+  return absl::Status(error.code(), message);
 }
 
 }  // namespace graphalloc

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "graphalloc/rng/draw_guard.h"
 #include "graphalloc/rng/random_ops.h"
 
 namespace graphalloc {
@@ -27,6 +26,12 @@ DeferredFrees& Deferred() {
 }
 
 std::uint64_t RoundUp4(std::uint64_t x) { return (x + 3) / 4 * 4; }
+
+// What a generator keeps with a node of the graph tree.
+struct TreeCapturedRng final : CaptureParticipant::Captured {
+  explicit TreeCapturedRng(CapturedRng captured) : rng(std::move(captured)) {}
+  CapturedRng rng;
+};
 
 }  // namespace
 
@@ -151,7 +156,7 @@ absl::StatusOr<PhiloxArgs> Generator::Reserve(std::uint64_t increment) {
     return absl::OutOfRangeError(absl::StrFormat("Generator::Reserve(%d): increment overflows", increment));
   }
   MutexLock lock(&mu_);
-  if (const std::string_view* recording = DrawGuard::Active();
+  if (const std::string_view* recording = RecordingScope::Active();
       recording != nullptr && !capture_.has_value()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "Generator::Reserve(%d): generator %d was drawn from while graph-tree function '%s' was being "
@@ -270,6 +275,23 @@ absl::Status Generator::PrepareReplay(const CapturedRng& captured, Stream stream
     offset_ += captured.increment;
   }
   return WritePhiloxSlots(*driver_, stream, captured.slots->base(), seed, base);
+}
+
+absl::StatusOr<std::unique_ptr<CaptureParticipant::Captured>> Generator::OnCaptureEnd() {
+  absl::StatusOr<CapturedRng> captured = EndCapture();
+  if (!captured.ok()) return captured.status();
+  return std::make_unique<TreeCapturedRng>(std::move(*captured));
+}
+
+absl::Status Generator::ArmReplay(const Captured& captured, Stream stream) {
+  const auto* mine = dynamic_cast<const TreeCapturedRng*>(&captured);
+  if (mine == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Generator::ArmReplay: generator %d was handed the captured state of another participant; pass what "
+        "its OnCaptureEnd returned",
+        id_));
+  }
+  return PrepareReplay(mine->rng, stream);
 }
 
 }  // namespace graphalloc

@@ -1,10 +1,10 @@
 // Generator: the graph-safe Philox generator state (seed, offset) that random kernels reserve counter space
-// from, and GeneratorState, the VALUE you save and restore.
+// from, and GeneratorState, the VALUE you save and restore (docs/rng.md explains the design).
 //
 // Eager use: Reserve(increment) returns PhiloxArgs{seed, offset} for one kernel and advances the offset by
-// the increment rounded up to a multiple of 4 (cuRAND's four-word draws; reference §1.4).
+// the increment rounded up to a multiple of 4 (cuRAND draws four words at a time; docs/rng.md, "Offsets").
 //
-// Graph safety (reference §2, PyTorch's per-capture design):
+// Graph safety (docs/rng.md, "Generators in graphs": one pair of device slots per capture):
 //   1. BeginCapture(id) BEFORE the stream capture begins: allocates this capture's two device slots
 //      (seed, base offset) with Driver::MemAlloc, outside any private pool (MemAlloc is illegal during a
 //      global capture, and a pool reset must never recycle them).
@@ -20,12 +20,16 @@
 // long as any CapturedRng that holds them: keep it at least as long as the graph exec (destroy the exec,
 // and let its launches finish, first). A graph that draws nothing (increment 0) holds no slots and its
 // PrepareReplay does nothing.
+// A Generator is the graph tree's capture participant (graph/capture_participant.h): listed in
+// FunctionOptions::generators, the tree runs steps 1 to 4 for every recording and launch. Reserve() outside
+// capture mode while a recording is under way on the same thread (graph's RecordingScope) is refused.
 // One capture at a time per generator: while it is active, every Reserve() on this generator belongs to
 // it, from any thread; eager work that must run concurrently uses another Generator.
 // Seeding during a capture is an error unless it sets the same seed.
 //
-// THE CLASSIC BUG (reference §4.2): saving a reference to a live generator in the forward and "restoring"
-// it in the backward restores wherever it has advanced to since, and the recomputed dropout mask differs.
+// THE CLASSIC BUG (docs/rng.md, "Save a value, never a generator"): saving a reference to a live generator
+// in the forward and "restoring" it in the backward restores wherever it has advanced to since, and the
+// recomputed dropout mask differs.
 // A Generator is therefore neither copyable nor movable, and the only way to save its position is
 // SaveState(), which returns a GeneratorState value that never changes afterwards. RestoreState() takes
 // such a value. During a capture SaveState() returns a capture-relative value (the intra-graph offset),
@@ -43,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/graph/capture_participant.h"
 #include "graphalloc/rng/philox_args.h"
 
 namespace graphalloc {
@@ -90,7 +95,7 @@ struct CapturedRng {
   std::shared_ptr<const RngSlots> slots;  // null when increment == 0
 };
 
-class Generator {
+class Generator final : public CaptureParticipant {
  public:
   explicit Generator(std::shared_ptr<Driver> driver, std::uint64_t seed = kDefaultRngSeed);
   Generator(const Generator&) = delete;
@@ -115,8 +120,8 @@ class Generator {
   absl::Status RestoreState(const GeneratorState& state);
 
   // Reserves `increment` words per thread (rounded up to a multiple of 4) for one kernel. Outside capture
-  // mode while a graph is being recorded on this thread (rng/draw_guard.h): FailedPrecondition, nothing
-  // reserved.
+  // mode while a graph is being recorded on this thread (RecordingScope::Active()): FailedPrecondition,
+  // nothing reserved.
   absl::StatusOr<PhiloxArgs> Reserve(std::uint64_t increment);
 
   // Graph capture protocol (see the top of this file). `capture_id` is the caller's non-zero id of the
@@ -127,6 +132,14 @@ class Generator {
   absl::Status CancelCapture();
   // Before each launch of the graph on `stream` (which must not be capturing).
   absl::Status PrepareReplay(const CapturedRng& captured, Stream stream);
+
+  // ---- CaptureParticipant: the graph tree's recordings, through the protocol above. ----
+  absl::Status OnCaptureBegin(std::uint64_t capture_id) override { return BeginCapture(capture_id); }
+  // A CapturedRng, kept by the tree with the recorded node.
+  absl::StatusOr<std::unique_ptr<Captured>> OnCaptureEnd() override;
+  void OnCaptureCancel() override { (void)CancelCapture(); }
+  // PrepareReplay of the CapturedRng that OnCaptureEnd returned.
+  absl::Status ArmReplay(const Captured& captured, Stream stream) override;
 
  private:
   struct ActiveCapture {

@@ -1,6 +1,6 @@
 // RngStatePairs: per-random-op forward/backward generator pairs, so a backward (or a recomputation in it)
 // draws exactly the random numbers its own forward drew. C++ version of PyTorch's
-// _AutogradRngStateTracker (reference §3.5).
+// _AutogradRngStateTracker (docs/rng.md, "Forward/backward state pairs").
 //
 // Each random op i of a (graphed) forward gets two generators that start equal (same seed, offset 0):
 // forward_generator(i), which every forward draws from, and backward_generator(i), which every backward

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -178,14 +179,22 @@ absl::StatusOr<OwnedGraph> CaptureWorkload(BenchDevice& dev, const PrivatePool& 
   });
 }
 
+// A private pool for a benchmark that captures `w` without a tree; nullopt, the benchmark skipped with the
+// reason, when the workload or the pool could not be made.
+std::optional<PrivatePool> PoolForWorkload(benchmark::State& state, BenchDevice& dev, const Workload& w) {
+  absl::StatusOr<PrivatePool> pool = dev.allocator->CreatePool();
+  if (!w.error().empty() || !pool.ok()) {
+    state.SkipWithError(w.error().empty() ? pool.status().ToString().c_str() : w.error().c_str());
+    return std::nullopt;
+  }
+  return std::move(*pool);
+}
+
 // GraphLaunch of the workload captured once (what the tree replays, without the tree).
 void RawLaunch(benchmark::State& state, BenchDevice* dev, bool wall) {
   Workload w(*dev, static_cast<int>(state.range(0)));
-  absl::StatusOr<PrivatePool> pool = dev->allocator->CreatePool();
-  if (!w.error().empty() || !pool.ok()) {
-    state.SkipWithError(w.error().empty() ? pool.status().ToString().c_str() : w.error().c_str());
-    return;
-  }
+  std::optional<PrivatePool> pool = PoolForWorkload(state, *dev, w);
+  if (!pool.has_value()) return;
   const TreeFunction body = w.Body();
   const std::vector<BufferView> inputs = w.Inputs();
   std::vector<BufferView> outputs;
@@ -284,22 +293,15 @@ void Rerecord(benchmark::State& state, BenchDevice* dev, bool update) {
 // fresh GraphInstantiate (and its destroy).
 void DriverUpdate(benchmark::State& state, BenchDevice* dev, bool update) {
   Workload w(*dev);
-  absl::StatusOr<PrivatePool> pool = dev->allocator->CreatePool();
-  if (!w.error().empty() || !pool.ok()) {
-    state.SkipWithError(w.error().empty() ? pool.status().ToString().c_str() : w.error().c_str());
-    return;
-  }
+  std::optional<PrivatePool> pool = PoolForWorkload(state, *dev, w);
+  if (!pool.has_value()) return;
   const TreeFunction body = w.Body();
   std::vector<OwnedGraph> graphs;
   std::vector<BufferView> outputs;
   for (int k = 0; k < 2; ++k) {
-    const std::vector<BufferView> inputs = w.Inputs(k);
-    absl::StatusOr<OwnedGraph> g = CaptureIntoPool(*dev->allocator, *pool, dev->stream, [&](Stream s) {
-      absl::StatusOr<std::vector<BufferView>> out = body(inputs, s);
-      if (!out.ok()) return out.status();
-      outputs.insert(outputs.end(), out->begin(), out->end());
-      return absl::OkStatus();
-    });
+    std::vector<BufferView> out;
+    absl::StatusOr<OwnedGraph> g = CaptureWorkload(*dev, *pool, body, w.Inputs(k), &out);
+    outputs.insert(outputs.end(), out.begin(), out.end());
     if (!g.ok()) {
       state.SkipWithError(g.status().ToString().c_str());
       return;
@@ -341,11 +343,8 @@ void DriverUpdate(benchmark::State& state, BenchDevice* dev, bool update) {
 // pool (the tree adds a checkpoint and the launch).
 void Capture(benchmark::State& state, BenchDevice* dev, bool /*unused*/) {
   Workload w(*dev);
-  absl::StatusOr<PrivatePool> pool = dev->allocator->CreatePool();
-  if (!w.error().empty() || !pool.ok()) {
-    state.SkipWithError(w.error().empty() ? pool.status().ToString().c_str() : w.error().c_str());
-    return;
-  }
+  std::optional<PrivatePool> pool = PoolForWorkload(state, *dev, w);
+  if (!pool.has_value()) return;
   const TreeFunction body = w.Body();
   const std::vector<BufferView> inputs = w.Inputs();
   std::vector<BufferView> outputs;

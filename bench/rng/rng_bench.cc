@@ -77,12 +77,20 @@ double TimeOnce(Body body) {
   return ms / 1e3;
 }
 
+// Runs `body` once to warm up, then times it once per iteration (manual time); `bytes` are processed per
+// iteration. Returns the seconds summed over the timed iterations.
 template <typename Body>
-void RunTimed(benchmark::State& state, std::size_t bytes, Body body) {
+double RunTimed(benchmark::State& state, std::size_t bytes, Body body) {
   body();  // warm up
   Check(cudaStreamSynchronize(Bufs().stream), "cudaStreamSynchronize");
-  for (auto _ : state) state.SetIterationTime(TimeOnce(body));
+  double total = 0;
+  for (auto _ : state) {
+    const double t = TimeOnce(body);
+    total += t;
+    state.SetIterationTime(t);
+  }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * bytes));
+  return total;
 }
 
 // The device's write bandwidth, measured once in this process (best of 10 1-GiB memsets).
@@ -144,21 +152,12 @@ BENCHMARK(BM_CopyDeviceToDevice1GiB)->UseManualTime()->Unit(benchmark::kMicrosec
 void BM_GraphallocFillUniformF32_1GiB(benchmark::State& state) {
   Buffers& b = Bufs();
   std::uint64_t offset = 0;
-  double total = 0;
   auto body = [&] {
     Check(rng_cuda::LaunchFill(0, b.stream, b.a, kFloats, rng_body::ElementType::kFloat32,
                                rng_body::Distribution::kUniform, PhiloxArgs::Eager(42, offset)));
     offset += rng_policy::Increment(kFloats);
   };
-  body();
-  Check(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
-  for (auto _ : state) {
-    const double t = TimeOnce(body);
-    total += t;
-    state.SetIterationTime(t);
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kBytes));
-  ReportRatio(state, kBytes, total);
+  ReportRatio(state, kBytes, RunTimed(state, kBytes, body));
 }
 BENCHMARK(BM_GraphallocFillUniformF32_1GiB)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
@@ -172,22 +171,13 @@ void BM_CurandGenerateUniformPhilox_1GiB(benchmark::State& state) {
     state.SkipWithError("curandCreateGenerator/curandSetStream/curandSetPseudoRandomGeneratorSeed failed");
     return;
   }
-  double total = 0;
   auto body = [&] {
     if (curandGenerateUniform(gen, static_cast<float*>(b.a), kFloats) != CURAND_STATUS_SUCCESS) {
       std::fprintf(stderr, "rng_bench: curandGenerateUniform failed\n");
       std::exit(1);
     }
   };
-  body();
-  Check(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
-  for (auto _ : state) {
-    const double t = TimeOnce(body);
-    total += t;
-    state.SetIterationTime(t);
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kBytes));
-  ReportRatio(state, kBytes, total);
+  ReportRatio(state, kBytes, RunTimed(state, kBytes, body));
   curandDestroyGenerator(gen);
 }
 BENCHMARK(BM_CurandGenerateUniformPhilox_1GiB)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -200,7 +190,6 @@ void BM_DropoutForwardBackwardF32_1GiB(benchmark::State& state) {
   params.keep_probability = 0.9f;
   params.scale = 1.0f / 0.9f;
   std::uint64_t offset = 0;
-  double total = 0;
   auto body = [&] {
     const PhiloxArgs args = PhiloxArgs::Eager(7, offset);
     offset += rng_policy::Increment(kFloats);
@@ -209,14 +198,7 @@ void BM_DropoutForwardBackwardF32_1GiB(benchmark::State& state) {
     Check(rng_cuda::LaunchDropout(0, b.stream, b.b, b.c, kFloats, rng_body::ElementType::kFloat32, params,
                                   args));
   };
-  body();
-  Check(cudaStreamSynchronize(b.stream), "cudaStreamSynchronize");
-  for (auto _ : state) {
-    const double t = TimeOnce(body);
-    total += t;
-    state.SetIterationTime(t);
-  }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * kBytes));
+  const double total = RunTimed(state, 2 * kBytes, body);
   // Throughput relative to the same traffic as two plain copies (1.0 = copy speed).
   state.counters["fraction_of_copy_bw"] = TwoCopiesSeconds() * state.iterations() / total;
 }

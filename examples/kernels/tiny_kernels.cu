@@ -2,12 +2,16 @@
 // simulated device computes it (nvcc would otherwise be free to contract).
 #include <cuda_runtime.h>
 
+#include "examples/kernels/cuda_launch.cuh"
 #include "examples/kernels/tiny_kernels_cuda.h"
 
 namespace graphalloc::testing::tiny_cuda {
 namespace {
 
-constexpr int kBlock = 256;
+using examples_cuda::Grid;
+using examples_cuda::kBlock;
+using examples_cuda::LaunchError;
+using examples_cuda::SetDevice;
 
 __global__ void FillKernel(float* out, std::size_t n, float value) {
   for (std::size_t i = blockIdx.x * std::size_t{kBlock} + threadIdx.x; i < n;
@@ -30,45 +34,26 @@ __global__ void AddKernel(float* out, const float* a, const float* b, std::size_
   }
 }
 
-unsigned Grid(std::size_t n) {
-  const std::size_t blocks = (n + kBlock - 1) / kBlock;
-  return blocks == 0 ? 1u : blocks > 1024 ? 1024u : static_cast<unsigned>(blocks);
-}
-
-int SetDevice(int device, const char** call) {
-  int current = -1;
-  cudaError_t err = cudaGetDevice(&current);
-  if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
-  if (err != cudaSuccess) *call = "cudaSetDevice";
-  return static_cast<int>(err);
-}
-
-int Finish(const char* kernel, const char** call) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) *call = kernel;
-  return static_cast<int>(err);
-}
-
 }  // namespace
 
 int LaunchFill(int device, void* stream, float* out, std::size_t n, float value, const char** call) {
   if (int err = SetDevice(device, call); err != 0) return err;
   FillKernel<<<Grid(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(out, n, value);
-  return Finish("FillKernel<<<>>>", call);
+  return LaunchError("FillKernel<<<>>>", call);
 }
 
 int LaunchScale(int device, void* stream, float* out, const float* in, std::size_t n, float alpha,
                 const char** call) {
   if (int err = SetDevice(device, call); err != 0) return err;
   ScaleKernel<<<Grid(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(out, in, n, alpha);
-  return Finish("ScaleKernel<<<>>>", call);
+  return LaunchError("ScaleKernel<<<>>>", call);
 }
 
 int LaunchAdd(int device, void* stream, float* out, const float* a, const float* b, std::size_t n,
               const char** call) {
   if (int err = SetDevice(device, call); err != 0) return err;
   AddKernel<<<Grid(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(out, a, b, n);
-  return Finish("AddKernel<<<>>>", call);
+  return LaunchError("AddKernel<<<>>>", call);
 }
 
 int Preload(int device, const char** call) {

@@ -1,12 +1,16 @@
 // The MLP example's kernels on a GPU: one generic grid-stride kernel per op body (mlp_op_bodies.h).
 #include <cuda_runtime.h>
 
+#include "examples/kernels/cuda_launch.cuh"
 #include "examples/mlp/mlp_kernels_cuda.h"
 
 namespace graphalloc::mlp_cuda {
 namespace {
 
-constexpr unsigned kBlock = 256;
+using examples_cuda::Grid;
+using examples_cuda::kBlock;
+using examples_cuda::LaunchError;
+using examples_cuda::SetDevice;
 
 template <class Op>
 __global__ void OpKernel(Op op, std::uint64_t n) {
@@ -16,27 +20,12 @@ __global__ void OpKernel(Op op, std::uint64_t n) {
   }
 }
 
-unsigned Grid(std::uint64_t n) {
-  const std::uint64_t blocks = (n + kBlock - 1) / kBlock;
-  return blocks == 0 ? 1u : blocks > 1024 ? 1024u : static_cast<unsigned>(blocks);
-}
-
-int SetDevice(int device, const char** call) {
-  int current = -1;
-  cudaError_t err = cudaGetDevice(&current);
-  if (err == cudaSuccess && current != device) err = cudaSetDevice(device);
-  if (err != cudaSuccess) *call = "cudaSetDevice";
-  return static_cast<int>(err);
-}
-
 template <class Op>
 int LaunchOp(int device, void* stream, const Op& op, const char** call) {
   if (int err = SetDevice(device, call); err != 0) return err;
   const std::uint64_t n = op.size();
   OpKernel<Op><<<Grid(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(op, n);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) *call = "OpKernel<<<>>>";
-  return static_cast<int>(err);
+  return LaunchError("OpKernel<<<>>>", call);
 }
 
 template <class Op>

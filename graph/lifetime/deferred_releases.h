@@ -1,5 +1,5 @@
-// Releases that must wait until no retained backward can run any more (../shared/reference/
-// rng_and_lifetime.md section 5.1, rules L1 and L2; DeepSpeed's ZeRO-3 bug, PR 8045).
+// Releases that must wait until no retained backward can run any more (docs/graphed_step.md, "Lifetime
+// rules"; DeepSpeed's ZeRO-3 bug, PR 8045).
 //
 // A backward run with retain_graph may run again, and it reads what its forward saved and the parameters
 // it was recorded with. A release asked for meanwhile (a parameter shard handed back, a buffer freed) must

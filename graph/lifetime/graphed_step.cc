@@ -41,7 +41,8 @@ struct GraphedStep::Lane {
 };
 
 // The one way out of a Backward once it has started: whatever happens (an error returned, an exception
-// passing through), the destructor ends the backward (rules L2 and L3 of the reference).
+// passing through), the destructor ends the backward (docs/graphed_step.md: "Every backward leaves through
+// one epilogue").
 class GraphedStep::BackwardEpilogue {
  public:
   BackwardEpilogue(GraphedStep& step, std::shared_ptr<ForwardRecord> record, bool retain)
@@ -119,8 +120,8 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(CachingAllocato
 }
 
 GraphedStep::~GraphedStep() {
-  // The step's graphs go away, so no retained backward can run any more (rule L2: "or when the graph is
-  // destroyed").
+  // The step's graphs go away, so no retained backward can run any more: the deferred releases run now
+  // (docs/graphed_step.md, "Lifetime rules").
   for (const std::unique_ptr<Lane>& lane : lanes_) {
     if (lane->busy != nullptr) EndForward(*lane->busy);
   }
@@ -154,7 +155,7 @@ absl::StatusOr<GraphedStep::Lane*> GraphedStep::FreeLane() {
       function.name = absl::StrFormat("%s %s (lane %d)", options_.name, what, lane->index);
       function.static_inputs = statics;
       function.warmup_calls = options_.warmup_calls;
-      function.generators = generators;
+      function.generators.assign(generators.begin(), generators.end());
       return lane->tree->Register(std::move(body), std::move(function));
     };
     absl::StatusOr<FunctionId> f = add(
@@ -302,10 +303,7 @@ std::vector<TreeOutput> GraphedStep::WrapEager(std::span<const BufferView> produ
   return outputs;
 }
 
-absl::StatusOr<std::vector<TreeOutput>> GraphedStep::Backward(const StepForward& forward,
-                                                              std::span<const BufferView> grad_outputs,
-                                                              Stream stream, BackwardOptions options) {
-  const std::shared_ptr<ForwardRecord>& record = forward.record_;
+absl::Status GraphedStep::CheckBackward(const ForwardRecord* record, std::size_t grad_outputs) const {
   if (record == nullptr || record->owner != this) {
     return absl::InvalidArgumentError(
         absl::StrFormat("GraphedStep '%s': Backward of a forward that is not one of this step's (pass what "
@@ -321,12 +319,20 @@ absl::StatusOr<std::vector<TreeOutput>> GraphedStep::Backward(const StepForward&
                         "or run the forward again",
                         options_.name, record->id));
   }
-  if (grad_outputs.size() != num_outputs_) {
+  if (grad_outputs != num_outputs_) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "GraphedStep '%s': Backward of forward %d got %d gradient outputs for %d forward outputs; "
         "pass one per output (an empty buffer where there is none)",
-        options_.name, record->id, grad_outputs.size(), num_outputs_));
+        options_.name, record->id, grad_outputs, num_outputs_));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TreeOutput>> GraphedStep::Backward(const StepForward& forward,
+                                                              std::span<const BufferView> grad_outputs,
+                                                              Stream stream, BackwardOptions options) {
+  const std::shared_ptr<ForwardRecord>& record = forward.record_;
+  if (absl::Status s = CheckBackward(record.get(), grad_outputs.size()); !s.ok()) return s;
   if (!policy_fixed_) {  // the step's capture: its gradient policy is fixed from here on
     policy_fixed_ = true;
     captured_alias_ = alias_;
@@ -347,10 +353,16 @@ absl::StatusOr<std::vector<TreeOutput>> GraphedStep::Backward(const StepForward&
                                         options_.name, record->id, grads.status().message()));
   }
   if (absl::Status s = CheckDraws(*record, start); !s.ok()) return s;
+  absl::StatusOr<std::vector<TreeOutput>> result = HandOutGradients(std::move(*grads), stream);
+  if (result.ok()) epilogue.Succeeded();
+  return result;
+}
 
-  std::vector<TreeOutput> result(grads->size());
-  for (std::size_t slot = 0; slot < grads->size(); ++slot) {
-    TreeOutput& g = (*grads)[slot];
+absl::StatusOr<std::vector<TreeOutput>> GraphedStep::HandOutGradients(std::vector<TreeOutput> grads,
+                                                                      Stream stream) const {
+  std::vector<TreeOutput> result(grads.size());
+  for (std::size_t slot = 0; slot < grads.size(); ++slot) {
+    TreeOutput& g = grads[slot];
     if (g.empty() || g.bytes() == 0) continue;  // no gradient for this slot
     const bool alias = slot < captured_alias_.size() && captured_alias_[slot];
     if (g.kind() != OutputKind::kPool || alias) {
@@ -362,7 +374,6 @@ absl::StatusOr<std::vector<TreeOutput>> GraphedStep::Backward(const StepForward&
     if (!clone.ok()) return clone.status();
     result[slot] = std::move(*clone);
   }
-  epilogue.Succeeded();
   return result;
 }
 

@@ -1,11 +1,11 @@
 // A graphed training step: a forward function and its backward recorded as a pair of CUDA graphs in one
 // private pool (the C++ counterpart of PyTorch's and TransformerEngine's make_graphed_callables), built so
-// that it never hands out memory a replay will overwrite (../shared/reference/cuda_graph_trees.md section
-// 3, ../shared/reference/rng_and_lifetime.md sections 4 and 5).
+// that it never hands out memory a replay will overwrite (docs/graphed_step.md, "Lifetime rules"; the
+// randomness side in docs/rng.md).
 //
 // The pieces:
 //   - Parameters are fixed at Create: their addresses are baked into the graphs (static inputs of the
-//     tree), so they must stay allocated at those addresses (rule L11); update them in place.
+//     tree), so they must stay allocated at those addresses; update them in place.
 //   - Forward(inputs) runs the forward (warmup, recording or replay, through a GraphTree) and returns a
 //     StepForward: the outputs, and the saved state its backward reads, which the step keeps alive until
 //     that forward's last backward.
@@ -19,7 +19,7 @@
 //   - Lanes: each forward takes the first lane with no pending backward. A lane is a GraphTree of its own
 //     (its own pool) whose steps are "forward, its backwards", so a second forward while a backward is
 //     pending gets a separate recording in a separate pool, one per outstanding micro-batch (Megatron's
-//     one runner per outstanding micro-batch; rule L9); past max_outstanding_forwards, Forward is an
+//     one runner per outstanding micro-batch); past max_outstanding_forwards, Forward is an
 //     error. Any schedule (in order, f0 f1 b1 b0, 1F1B pipelines) replays once recorded.
 //   - retain_graph: Backward(fwd, grads, stream, {.retain_graph = true}) leaves the forward pending, its
 //     saved state intact, and the backward can run again. Releases asked for (RequestRelease) while any
@@ -53,6 +53,7 @@
 #include "graphalloc/allocator/caching_allocator.h"
 #include "graphalloc/graph/graph_tree.h"
 #include "graphalloc/graph/lifetime/deferred_releases.h"
+#include "graphalloc/graph/tree_output.h"
 #include "graphalloc/rng/rng_state_pairs.h"
 
 namespace graphalloc {
@@ -198,12 +199,17 @@ class GraphedStep {
   absl::StatusOr<Lane*> FreeLane();
   absl::StatusOr<std::vector<TreeOutput>> RunForward(Lane* lane, std::span<const BufferView> inputs,
                                                      Stream stream);
+  // Why Backward cannot run for `record` with `grad_outputs` gradients (OK when it can).
+  absl::Status CheckBackward(const ForwardRecord* record, std::size_t grad_outputs) const;
   absl::StatusOr<std::vector<TreeOutput>> RunBackward(ForwardRecord& record,
                                                       std::span<const BufferView> grad_outputs,
                                                       Stream stream);
   // The graphed step's tree functions: the user's functions behind the tree's calling convention.
   absl::StatusOr<std::vector<BufferView>> ForwardBody(std::span<const BufferView> in, Stream stream);
   absl::StatusOr<std::vector<BufferView>> BackwardBody(std::span<const BufferView> in, Stream stream);
+  // The backward's gradients as the caller gets them: cloned out of the pool unless the slot aliases.
+  absl::StatusOr<std::vector<TreeOutput>> HandOutGradients(std::vector<TreeOutput> grads,
+                                                           Stream stream) const;
   // Eager outputs as handles: owned unless they are a parameter (borrowed) or repeat an earlier one.
   std::vector<TreeOutput> WrapEager(std::span<const BufferView> produced, std::span<const BufferView> inputs);
   absl::Status CheckDraws(const ForwardRecord& record, const std::vector<std::uint64_t>& start) const;

@@ -1,4 +1,4 @@
-// Host checks of rng/philox.h: Random123 known-answer vectors, cuRAND stream vectors (reference §1.6),
+// Host checks of rng/philox.h: Random123 known-answer vectors, cuRAND stream vectors (docs/rng.md),
 // and the exact float conversions.
 #include "graphalloc/rng/philox.h"
 

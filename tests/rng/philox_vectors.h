@@ -1,5 +1,5 @@
 // The published Philox4x32 known-answer vectors (Random123 tests/kat_vectors) and the curand stream vectors
-// verified on an H100 (reference/rng_and_lifetime.md sections 1.2 and 1.6), shared by the RNG tests.
+// verified on an H100 (docs/rng.md, "Test vectors"), shared by the RNG tests.
 #ifndef GRAPHALLOC_TESTS_RNG_PHILOX_VECTORS_H_
 #define GRAPHALLOC_TESTS_RNG_PHILOX_VECTORS_H_
 
