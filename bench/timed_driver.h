@@ -127,6 +127,12 @@ class TimedDriver final : public Driver {
   absl::Status MemFree(DevicePtr ptr) override {
     return Time(DriverCall::kOther, [&] { return inner_->MemFree(ptr); });
   }
+  absl::StatusOr<void*> HostAlloc(std::size_t size) override {
+    return Time(DriverCall::kOther, [&] { return inner_->HostAlloc(size); });
+  }
+  absl::Status HostFree(void* ptr) override {
+    return Time(DriverCall::kOther, [&] { return inner_->HostFree(ptr); });
+  }
   absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override {
     return Time(DriverCall::kOther, [&] { return inner_->CopyHostToDevice(dst, src, bytes); });
   }

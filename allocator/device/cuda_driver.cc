@@ -336,6 +336,20 @@ absl::Status CudaDriver::MemFree(DevicePtr ptr) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<void*> CudaDriver::HostAlloc(std::size_t size) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  void* ptr = nullptr;
+  // Portable: pinned for every context, so any device's copies run at full bandwidth.
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemHostAlloc, &ptr, size, CU_MEMHOSTALLOC_PORTABLE);
+  return ptr;
+}
+
+absl::Status CudaDriver::HostFree(void* ptr) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemFreeHost, ptr);
+  return absl::OkStatus();
+}
+
 absl::Status CudaDriver::CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) {
   GRAPHALLOC_CUDA_CONTEXT();
   GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemcpyHtoD, dst, src, bytes);

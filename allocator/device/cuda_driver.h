@@ -40,6 +40,8 @@ class CudaDriver final : public Driver {
   absl::Status MemSetAccess(DevicePtr ptr, std::size_t size, std::span<const int> peers) override;
   absl::StatusOr<DevicePtr> MemAlloc(std::size_t size) override;
   absl::Status MemFree(DevicePtr ptr) override;
+  absl::StatusOr<void*> HostAlloc(std::size_t size) override;
+  absl::Status HostFree(void* ptr) override;
   absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override;
   absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override;
   absl::Status CopyAsync(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream) override;

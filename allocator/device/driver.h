@@ -103,6 +103,12 @@ class Driver {
   virtual absl::StatusOr<DevicePtr> MemAlloc(std::size_t size) = 0;
   virtual absl::Status MemFree(DevicePtr ptr) = 0;
 
+  // ---- Pinned host memory (cuMemHostAlloc / cuMemFreeHost): host memory the device copies to and from at
+  // full bandwidth. Its address, as a DevicePtr, is a valid CopyAsync source or destination (unified
+  // addressing). HostFree of memory HostAlloc did not return is InvalidArgument. ----
+  virtual absl::StatusOr<void*> HostAlloc(std::size_t size) = 0;
+  virtual absl::Status HostFree(void* ptr) = 0;
+
   // ---- Copies and fills. Synchronous ones wait for the device; async ones are stream-ordered (and
   // captured on a capturing stream). ----
   virtual absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) = 0;

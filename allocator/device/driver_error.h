@@ -6,9 +6,9 @@
 #define GRAPHALLOC_ALLOCATOR_DEVICE_DRIVER_ERROR_H_
 
 #include <optional>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace graphalloc {
 

@@ -38,6 +38,8 @@ class ForwardingDriver : public Driver {
   }
   absl::StatusOr<DevicePtr> MemAlloc(std::size_t size) override { return inner_->MemAlloc(size); }
   absl::Status MemFree(DevicePtr ptr) override { return inner_->MemFree(ptr); }
+  absl::StatusOr<void*> HostAlloc(std::size_t size) override { return inner_->HostAlloc(size); }
+  absl::Status HostFree(void* ptr) override { return inner_->HostFree(ptr); }
 
   absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override {
     return inner_->CopyHostToDevice(dst, src, bytes);

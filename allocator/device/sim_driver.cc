@@ -10,6 +10,7 @@
 
 #include <bit>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -98,6 +99,7 @@ SimDriver::~SimDriver() {
   std::vector<std::shared_ptr<SimStreamState>> streams;
   std::map<DevicePtr, std::size_t> reservations;
   std::map<DevicePtr, SimAllocation> allocations;
+  std::map<void*, std::size_t> host_allocations;
   absl::flat_hash_map<std::uint64_t, SimGraphState> graphs, execs;
   absl::flat_hash_map<std::uint64_t, std::shared_ptr<SimCapture>> captures;
   {
@@ -109,6 +111,7 @@ SimDriver::~SimDriver() {
     state_->streams.clear();
     reservations.swap(state_->reservations);
     allocations.swap(state_->allocations);
+    host_allocations.swap(state_->host_allocations);
     graphs.swap(state_->graphs);
     execs.swap(state_->execs);
     captures.swap(state_->captures);
@@ -117,6 +120,7 @@ SimDriver::~SimDriver() {
   // Unmapping a reservation drops the handle mappings inside it too.
   for (const auto& [ptr, size] : reservations) munmap(reinterpret_cast<void*>(ptr), size);
   for (const auto& [ptr, a] : allocations) munmap(reinterpret_cast<void*>(ptr), a.size);
+  for (const auto& [ptr, size] : host_allocations) std::free(ptr);
   close(state_->memfd);
 }
 
@@ -168,6 +172,8 @@ SimCounters SimDriver::Counters() const {
   for (const auto& [ptr, m] : state_->mappings) c.mapped_bytes += m.size;
   c.allocations = state_->allocations.size();
   for (const auto& [ptr, a] : state_->allocations) c.allocated_bytes += a.size;
+  c.host_allocations = state_->host_allocations.size();
+  for (const auto& [ptr, size] : state_->host_allocations) c.host_bytes += size;
   for (const auto& [id, s] : state_->streams) c.streams += (id != 0 && !s->destroyed) ? 1 : 0;
   c.events = state_->events.size();
   c.graphs = state_->graphs.size();

@@ -56,6 +56,8 @@ enum class SimCall : int {
   kGraphInstantiate,
   kGraphExecUpdate,
   kGraphLaunch,
+  kHostAlloc,
+  kHostFree,
   kCount,
 };
 
@@ -73,6 +75,8 @@ struct SimCounters {
   std::size_t events = 0;
   std::size_t graphs = 0;
   std::size_t graph_execs = 0;
+  std::size_t host_allocations = 0;  // HostAlloc blocks (pinned host memory)
+  std::size_t host_bytes = 0;
   std::size_t pending_work = 0;  // closures queued and not yet run (manual completion)
   // Not a resource: queued copies and memsets that, when they ran, found part of their memory unmapped
   // or without access (on a GPU, an illegal address). Such work is skipped instead of faulting, so a test
@@ -122,6 +126,8 @@ class SimDriver final : public Driver {
   absl::Status MemSetAccess(DevicePtr ptr, std::size_t size, std::span<const int> peers) override;
   absl::StatusOr<DevicePtr> MemAlloc(std::size_t size) override;
   absl::Status MemFree(DevicePtr ptr) override;
+  absl::StatusOr<void*> HostAlloc(std::size_t size) override;
+  absl::Status HostFree(void* ptr) override;
   absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override;
   absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override;
   absl::Status CopyAsync(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream) override;

@@ -47,6 +47,8 @@ void ExpectAllZero(const SimCounters& c) {
   EXPECT_EQ(c.graphs, 0u);
   EXPECT_EQ(c.graph_execs, 0u);
   EXPECT_EQ(c.pending_work, 0u);
+  EXPECT_EQ(c.host_allocations, 0u);
+  EXPECT_EQ(c.host_bytes, 0u);
 }
 
 TEST(DriverTest, ReservesMapsThreeHandlesAndReadsBackWhatWasWritten) {
@@ -274,6 +276,37 @@ TEST(DriverTest, PlainAllocationRoundTripsAndRejectsAnUnknownPointer) {
   const absl::Status again = driver->MemFree(ptr);
   EXPECT_THAT(DriverErrorCode(again), Optional(static_cast<int>(DriverResult::kInvalidValue)));
   if (SimDriver* sim = AsSim(driver.get())) ExpectAllZero(sim->Counters());
+}
+
+TEST(DriverTest, PinnedHostMemoryIsACopyEndpointBothWays) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  constexpr std::size_t kBytes = 3 * 4096 + 100;
+  ASSERT_OK_AND_ASSIGN(void* host, driver->HostAlloc(kBytes));
+  ASSERT_NE(host, nullptr);
+  if (SimDriver* sim = AsSim(driver.get())) {
+    EXPECT_EQ(sim->Counters().host_allocations, 1u);
+    EXPECT_EQ(sim->Counters().host_bytes, kBytes);
+  }
+  ASSERT_OK_AND_ASSIGN(const DevicePtr device, driver->MemAlloc(kBytes));
+  ASSERT_OK_AND_ASSIGN(const Stream stream, driver->StreamCreate());
+  // Host -> device and back through CopyAsync, with the pinned memory's address as a DevicePtr.
+  const std::vector<std::uint8_t> written = Pattern(kBytes, 11);
+  std::memcpy(host, written.data(), kBytes);
+  ASSERT_OK(driver->CopyAsync(device, reinterpret_cast<DevicePtr>(host), kBytes, stream));
+  ASSERT_OK(driver->MemsetAsync(reinterpret_cast<DevicePtr>(host), 0, kBytes, stream));
+  ASSERT_OK(driver->CopyAsync(reinterpret_cast<DevicePtr>(host), device, kBytes, stream));
+  ASSERT_OK(driver->StreamSynchronize(stream));
+  EXPECT_EQ(std::memcmp(host, written.data(), kBytes), 0);
+  ASSERT_OK(driver->StreamDestroy(stream));
+  ASSERT_OK(driver->MemFree(device));
+  ASSERT_OK(driver->HostFree(host));
+  const absl::Status again = driver->HostFree(host);
+  EXPECT_FALSE(again.ok());
+  if (SimDriver* sim = AsSim(driver.get())) {
+    EXPECT_THAT(DriverErrorCode(again), Optional(static_cast<int>(DriverResult::kInvalidValue)));
+    EXPECT_EQ(sim->Counters().illegal_accesses, 0u);
+    ExpectAllZero(sim->Counters());
+  }
 }
 
 TEST(DriverTest, EventCompletesAfterTheWorkBeforeIt) {

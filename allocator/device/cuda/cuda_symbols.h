@@ -48,6 +48,8 @@ namespace graphalloc::cuda {
   X(MemSetAccess, 10020)                    \
   X(MemAlloc, 3020)                         \
   X(MemFree, 3020)                          \
+  X(MemHostAlloc, 2020)                     \
+  X(MemFreeHost, 2000)                      \
   X(MemcpyHtoD, 3020)                       \
   X(MemcpyDtoH, 3020)                       \
   X(MemcpyAsync, 4000)                      \

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 
 #include "graphalloc/allocator/device/sim/sim_state.h"
@@ -302,6 +303,32 @@ absl::Status SimDriver::MemFree(DevicePtr ptr) {
   munmap(AsPtr(ptr), it->second.size);
   GivePhysical(s, it->second.offset, it->second.size);
   s.allocations.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> SimDriver::HostAlloc(std::size_t size) {
+  constexpr absl::string_view kName = "cuMemHostAlloc";
+  if (absl::Status st = state_->Begin(SimCall::kHostAlloc, kName); !st.ok()) return st;
+  if (size == 0) return DriverError(kName, DriverResult::kInvalidValue);
+  // Page-aligned and zeroed, like the pages the driver pins; host memory is not the device's capacity.
+  constexpr std::size_t kPage = 4096;
+  if (size > SIZE_MAX - kPage) return DriverError(kName, DriverResult::kOutOfMemory);
+  void* p = std::aligned_alloc(kPage, (size + kPage - 1) / kPage * kPage);
+  if (p == nullptr) return DriverError(kName, DriverResult::kOutOfMemory);
+  std::memset(p, 0, size);
+  MutexLock lock(&state_->mu);
+  state_->host_allocations.emplace(p, size);
+  return p;
+}
+
+absl::Status SimDriver::HostFree(void* ptr) {
+  constexpr absl::string_view kName = "cuMemFreeHost";
+  if (absl::Status st = state_->Begin(SimCall::kHostFree, kName); !st.ok()) return st;
+  {
+    MutexLock lock(&state_->mu);
+    if (state_->host_allocations.erase(ptr) == 0) return DriverError(kName, DriverResult::kInvalidValue);
+  }
+  std::free(ptr);
   return absl::OkStatus();
 }
 

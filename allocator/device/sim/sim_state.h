@@ -240,6 +240,7 @@ struct SimState {
   std::size_t live_handles ABSL_GUARDED_BY(mu) = 0;
   std::size_t live_handle_bytes ABSL_GUARDED_BY(mu) = 0;
   std::map<DevicePtr, SimAllocation> allocations ABSL_GUARDED_BY(mu);
+  std::map<void*, std::size_t> host_allocations ABSL_GUARDED_BY(mu);  // HostAlloc: address -> size
 
   std::map<std::uint64_t, std::shared_ptr<SimStreamState>> streams ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::uint64_t, std::shared_ptr<SimEventState>> events ABSL_GUARDED_BY(mu);
