@@ -10,17 +10,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/base/status_macros.h"
-#include "graphalloc/allocator/snapshot/snapshot_internal.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/stats/stat_names.h"
 
 namespace graphalloc {
 namespace {
 
 using json = nlohmann::json;
-using snapshot_internal::kStatArrays;
-using snapshot_internal::kStatCounters;
-using snapshot_internal::kStatFields;
-using snapshot_internal::kStatTypeNames;
 
 std::string Join(absl::string_view path, absl::string_view key) {
   return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
@@ -232,11 +228,11 @@ absl::Status ReadStats(const ObjectReader& root, DeviceStats* stats) {
   if (!v.ok() || *v == nullptr) return v.status();
   absl::StatusOr<ObjectReader> r = ObjectReader::Of(**v, "stats");
   if (!r.ok()) return r.status();
-  for (const auto& [name, array] : kStatArrays) {
-    absl::StatusOr<const json*> a = r->Get(name, false);
+  for (const StatArrayName& array : kStatArrays) {
+    absl::StatusOr<const json*> a = r->Get(array.name, false);
     if (!a.ok()) return a.status();
     if (*a == nullptr) continue;
-    absl::StatusOr<ObjectReader> ar = ObjectReader::Of(**a, r->PathOf(name));
+    absl::StatusOr<ObjectReader> ar = ObjectReader::Of(**a, r->PathOf(array.name));
     if (!ar.ok()) return ar.status();
     for (int t = 0; t < kNumStatTypes; ++t) {
       absl::StatusOr<const json*> s = ar->Get(kStatTypeNames[t], false);
@@ -245,12 +241,12 @@ absl::Status ReadStats(const ObjectReader& root, DeviceStats* stats) {
       absl::StatusOr<ObjectReader> sr = ObjectReader::Of(**s, ar->PathOf(kStatTypeNames[t]));
       if (!sr.ok()) return sr.status();
       for (const auto& [field_name, field] : kStatFields) {
-        GRAPHALLOC_RETURN_IF_ERROR(sr->I64(field_name, &((stats->*array).by_type[t].*field), false));
+        GRAPHALLOC_RETURN_IF_ERROR(sr->I64(field_name, &((stats->*array.member).by_type[t].*field), false));
       }
     }
   }
-  for (const auto& [name, counter] : kStatCounters)
-    GRAPHALLOC_RETURN_IF_ERROR(r->I64(name, &(stats->*counter), false));
+  for (const StatCounterName& counter : kStatCounters)
+    GRAPHALLOC_RETURN_IF_ERROR(r->I64(counter.name, &(stats->*counter.member), false));
   return absl::OkStatus();
 }
 

@@ -11,14 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/snapshot/snapshot_internal.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/stats/stat_names.h"
 
 namespace graphalloc {
 namespace {
 
-using snapshot_internal::kStatArrays;
-using snapshot_internal::kStatCounters;
-using snapshot_internal::kStatFields;
-using snapshot_internal::kStatTypeNames;
 using snapshot_internal::Utf8SequenceLength;
 
 class JsonOut {
@@ -132,19 +129,19 @@ void WriteStat(JsonOut& j, const Stat& stat) {
 void WriteStats(JsonOut& j, const DeviceStats& stats) {
   j.Char('{');
   bool first = true;
-  for (const auto& [name, array] : kStatArrays) {
-    j.Key(name, first);
+  for (const StatArrayName& array : kStatArrays) {
+    j.Key(array.name, first);
     first = false;
     j.Char('{');
     for (int t = 0; t < kNumStatTypes; ++t) {
       j.Key(kStatTypeNames[t], t == 0);
-      WriteStat(j, (stats.*array).by_type[t]);
+      WriteStat(j, (stats.*array.member).by_type[t]);
     }
     j.Char('}');
   }
-  for (const auto& [name, counter] : kStatCounters) {
-    j.Key(name);
-    j.I64(stats.*counter);
+  for (const StatCounterName& counter : kStatCounters) {
+    j.Key(counter.name);
+    j.I64(stats.*counter.member);
   }
   j.Char('}');
 }
