@@ -35,10 +35,11 @@
 //   <call>_n, <call>_us, <call>_cpu_us calls of each kind during the timed part, their wall time and the
 //                                      calling thread's CPU time; <call>: reserve, addr_free, create,
 //                                      release, map, unmap, access, sync (stream/device/event sync, event
-//                                      query), other. Only kinds that were called appear.
+//                                      query), other (MemAlloc, MemFree, GetMemoryInfo). Only kinds that
+//                                      were called appear; other driver calls are not timed.
 //   td_<call>_us                       wall time of each kind during the untimed teardown
 //   timed_us, timed_cpu_us             the timed part by the benchmark's own clocks
-//   driver_us, driver_cpu_us           sum over every driver call of the timed part
+//   driver_us, driver_cpu_us           sum over the timed kinds of the timed part
 //   rest_us, rest_cpu_us               timed minus driver: the allocator's own work (and the loop's);
 //                                      about half of the wrapper's clock reads land in rest_cpu_us (where
 //                                      reading the thread CPU clock is a slow syscall, as in some VMs, it

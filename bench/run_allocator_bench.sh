@@ -8,32 +8,10 @@
 # replays (bench/run_replay_bench.sh runs those). Extra flags are passed to both binaries and override the
 # defaults, e.g. --benchmark_filter=hit or --benchmark_min_time=0.1s.
 set -euo pipefail
-
-if [[ $# -lt 2 ]]; then
-  echo "usage: $0 BUILD_DIR OUT_DIR [benchmark flags...]" >&2
-  exit 2
-fi
-build_dir=$1
-out_dir=$2
-shift 2
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-mkdir -p "$out_dir"
+source "$(dirname "${BASH_SOURCE[0]}")/bench_runner.sh" "$@"
 
 flags=(--benchmark_filter=-^replay --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
-       --benchmark_out_format=json "$@")
-jsons=()
-for bin in allocator_bench peers_c10; do
-  exe="$build_dir/bench/$bin"
-  if [[ ! -x "$exe" ]]; then
-    echo "$0: $exe not built, skipped" >&2
-    continue
-  fi
-  echo "$0: running $bin" >&2
-  "$exe" "${flags[@]}" --benchmark_out="$out_dir/$bin.json" >"$out_dir/$bin.txt"
-  jsons+=("$out_dir/$bin.json")
-done
-if [[ ${#jsons[@]} -eq 0 ]]; then
-  echo "$0: nothing ran (build allocator_bench first)" >&2
-  exit 1
-fi
-python3 "$here/allocator_bench_table.py" "${jsons[@]}" | tee "$out_dir/summary.md"
+       --benchmark_out_format=json "${extra_flags[@]}")
+run_bench allocator_bench "$build_dir/bench/allocator_bench"
+run_bench peers_c10 "$build_dir/bench/peers_c10"
+print_table allocator_bench_table.py

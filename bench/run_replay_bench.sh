@@ -13,40 +13,12 @@
 # (c10 reads its configuration once per process, hence two runs; PYTORCH_ALLOC_CONF, which c10 reads
 # first, is unset for both.) Defaults: 3 repetitions, aggregates only; the table reads the medians.
 set -euo pipefail
-
-if [[ $# -lt 2 ]]; then
-  echo "usage: $0 BUILD_DIR OUT_DIR [benchmark flags...]" >&2
-  exit 2
-fi
-build_dir=$1
-out_dir=$2
-shift 2
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-mkdir -p "$out_dir"
+source "$(dirname "${BASH_SOURCE[0]}")/bench_runner.sh" "$@"
 
 flags=(--benchmark_filter='^replay' --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
-       --benchmark_out_format=json "$@")
-jsons=()
-
-run() {  # run NAME EXE [env assignments...]
-  local name=$1 exe=$2
-  shift 2
-  if [[ ! -x "$exe" ]]; then
-    echo "$0: $exe not built, skipped" >&2
-    return
-  fi
-  echo "$0: running $name" >&2
-  env -u PYTORCH_ALLOC_CONF -u PYTORCH_CUDA_ALLOC_CONF "$@" \
-    "$exe" "${flags[@]}" --benchmark_out="$out_dir/$name.json" >"$out_dir/$name.txt"
-  jsons+=("$out_dir/$name.json")
-}
-
-run replay_bench "$build_dir/bench/replay_bench"
-run peers_c10_native "$build_dir/bench/peers_c10"
-run peers_c10_expandable "$build_dir/bench/peers_c10" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-
-if [[ ${#jsons[@]} -eq 0 ]]; then
-  echo "$0: nothing ran (build replay_bench and peers_c10 first)" >&2
-  exit 1
-fi
-python3 "$here/replay_bench_table.py" "${jsons[@]}" | tee "$out_dir/summary.md"
+       --benchmark_out_format=json "${extra_flags[@]}")
+no_conf=(-u PYTORCH_ALLOC_CONF -u PYTORCH_CUDA_ALLOC_CONF)
+run_bench replay_bench "$build_dir/bench/replay_bench" "${no_conf[@]}"
+run_bench peers_c10_native "$build_dir/bench/peers_c10" "${no_conf[@]}"
+run_bench peers_c10_expandable "$build_dir/bench/peers_c10" "${no_conf[@]}" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+print_table replay_bench_table.py

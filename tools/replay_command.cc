@@ -50,7 +50,7 @@ struct ReplayCliOptions {
   std::string trace;
   std::string device = "auto";
   std::string config;
-  std::string capacity;
+  std::size_t capacity = 0;  // 0: the device as it is
   bool find_min_capacity = false;
   bool json = false;
   std::string snapshot;  // write snapshots at the peak (this path) and at the end (".end" inserted)
@@ -253,12 +253,6 @@ int RunReplay(const ReplayCliOptions& options) {
     return ReadTrace(options.trace);
   }();
   if (!trace.ok()) return fail(kExitBadInput, trace.status().message());
-  std::size_t capacity = 0;
-  if (!options.capacity.empty()) {
-    absl::StatusOr<std::size_t> parsed = ParseByteSize(options.capacity);
-    if (!parsed.ok()) return fail(kExitBadInput, absl::StrCat("--capacity: ", parsed.status().message()));
-    capacity = *parsed;
-  }
   std::string no_gpu;
   absl::StatusOr<std::string> kind = ChooseDevice(options.device, &no_gpu);
   if (!kind.ok()) return fail(kExitNotCompleted, kind.status().message());
@@ -286,7 +280,7 @@ int RunReplay(const ReplayCliOptions& options) {
   }
   absl::StatusOr<Probe> run = [&] {
     Progress progress(absl::StrCat("graphalloc replay: replaying ", trace->events.size(), " events"));
-    return RunProbe(*trace, DeviceSetup{*kind, capacity}, run_config, replay_options);
+    return RunProbe(*trace, DeviceSetup{*kind, options.capacity}, run_config, replay_options);
   }();
   if (!run.ok()) {
     return fail(absl::IsInvalidArgument(run.status()) ? kExitBadInput : kExitNotCompleted,
@@ -309,6 +303,18 @@ int RunReplay(const ReplayCliOptions& options) {
   }
   for (const std::string& path : written) std::cerr << "graphalloc replay: wrote snapshot " << path << "\n";
   return run->result.completed ? 0 : kExitNotCompleted;
+}
+
+// CLI11's check and conversion of a --capacity value: ParseByteSize's byte count, or its error.
+CLI::Validator ByteSize() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        absl::StatusOr<std::size_t> bytes = ParseByteSize(value);
+        if (!bytes.ok()) return std::string(bytes.status().message());
+        value = absl::StrCat(*bytes);
+        return "";
+      },
+      "");
 }
 
 }  // namespace
@@ -375,10 +381,14 @@ void AddReplayCommand(CLI::App& app) {
   command->add_option("--config", options->config,
                       "Allocator configuration, GRAPHALLOC_CONF syntax (\"max_split_size_mb:256,...\"); "
                       "overrides GRAPHALLOC_CONF, which applies otherwise");
-  CLI::Option* capacity = command->add_option(
-      "--capacity", options->capacity,
-      "Device capacity: bytes or a size with a unit (7.5GiB, 300MiB); rounded up to 2 MiB on the simulated "
-      "device, a memory limit on the real one");
+  CLI::Option* capacity =
+      command
+          ->add_option(
+              "--capacity", options->capacity,
+              "Device capacity: bytes or a size with a unit (7.5GiB, 300MiB); rounded up to 2 MiB on "
+              "the simulated device, a memory limit on the real one")
+          ->transform(ByteSize())
+          ->type_name("SIZE");
   command
       ->add_flag("--find-min-capacity", options->find_min_capacity,
                  "Also search (2 MiB steps) for the smallest capacity at which the replay completes")

@@ -1,56 +1,39 @@
-// Internal to the snapshot readers and writers: the DeviceStats fields by their PyTorch names (so that the
-// JSON writer, the JSON reader and the pickle converters walk the same list), and UTF-8 repair.
+// Internal to the snapshot readers and writers: UTF-8 checks and repair, and the paths and errors of the
+// readers (JSON and pickle), which name where in the input a bad value is ("segments[2].blocks[0].size").
 #ifndef GRAPHALLOC_ALLOCATOR_SNAPSHOT_SNAPSHOT_INTERNAL_H_
 #define GRAPHALLOC_ALLOCATOR_SNAPSHOT_SNAPSHOT_INTERNAL_H_
 
-#include <array>
 #include <cstddef>
-#include <cstdint>
 #include <string>
-#include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "graphalloc/allocator/stats/stats.h"
 
 namespace graphalloc::snapshot_internal {
-
-inline constexpr std::array<std::pair<absl::string_view, StatArray DeviceStats::*>, 11> kStatArrays = {{
-    {"allocation", &DeviceStats::allocation},
-    {"segment", &DeviceStats::segment},
-    {"active", &DeviceStats::active},
-    {"inactive_split", &DeviceStats::inactive_split},
-    {"allocated_bytes", &DeviceStats::allocated_bytes},
-    {"reserved_bytes", &DeviceStats::reserved_bytes},
-    {"active_bytes", &DeviceStats::active_bytes},
-    {"inactive_split_bytes", &DeviceStats::inactive_split_bytes},
-    {"requested_bytes", &DeviceStats::requested_bytes},
-    {"oversize_allocations", &DeviceStats::oversize_allocations},
-    {"oversize_segments", &DeviceStats::oversize_segments},
-}};
-
-inline constexpr std::array<absl::string_view, kNumStatTypes> kStatTypeNames = {"all", "small_pool",
-                                                                                "large_pool"};
-
-inline constexpr std::array<std::pair<absl::string_view, std::int64_t Stat::*>, 4> kStatFields = {{
-    {"current", &Stat::current},
-    {"peak", &Stat::peak},
-    {"allocated", &Stat::allocated},
-    {"freed", &Stat::freed},
-}};
-
-inline constexpr std::array<std::pair<absl::string_view, std::int64_t DeviceStats::*>, 6> kStatCounters = {{
-    {"num_alloc_retries", &DeviceStats::num_alloc_retries},
-    {"num_ooms", &DeviceStats::num_ooms},
-    {"num_sync_all_streams", &DeviceStats::num_sync_all_streams},
-    {"num_device_alloc", &DeviceStats::num_device_alloc},
-    {"num_device_free", &DeviceStats::num_device_free},
-    {"max_split_size", &DeviceStats::max_split_size},
-}};
 
 // Length of the valid UTF-8 sequence starting at s[i] (1 for ASCII), or 0 when it is not one.
 std::size_t Utf8SequenceLength(absl::string_view s, std::size_t i);
 // `s` with every byte that is not part of a valid UTF-8 sequence replaced by U+FFFD.
 std::string ToValidUtf8(absl::string_view s);
+
+// The path of member `key` of the value at `path` ("stats.allocation"; just `key` at the top level).
+inline std::string ChildPath(absl::string_view path, absl::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
+}
+// The path of element `i` of the list at `path` ("segments[2]").
+inline std::string IndexPath(absl::string_view path, std::size_t i) {
+  return absl::StrCat(path, "[", i, "]");
+}
+// A reader's error: InvalidArgument "<path>: <what>".
+inline absl::Status ReadError(absl::string_view path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+// "<path>: expected <expected>, found <found>", `found` the type the input has there.
+inline absl::Status ReadTypeError(absl::string_view path, absl::string_view expected,
+                                  absl::string_view found) {
+  return ReadError(path, absl::StrCat("expected ", expected, ", found ", found));
+}
 
 }  // namespace graphalloc::snapshot_internal
 

@@ -12,26 +12,19 @@
 #include "graphalloc/allocator/base/status_macros.h"
 #include "graphalloc/allocator/snapshot/snapshot_internal.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/stats/stat_names.h"
 
 namespace graphalloc {
 namespace {
 
 using json = nlohmann::json;
-using snapshot_internal::kStatArrays;
-using snapshot_internal::kStatCounters;
-using snapshot_internal::kStatFields;
-using snapshot_internal::kStatTypeNames;
 
-std::string Join(absl::string_view path, absl::string_view key) {
-  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
-}
-std::string Index(absl::string_view path, std::size_t i) { return absl::StrCat(path, "[", i, "]"); }
+using snapshot_internal::ChildPath;
+using snapshot_internal::IndexPath;
+using snapshot_internal::ReadError;
 
-absl::Status Error(absl::string_view path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
 absl::Status TypeError(absl::string_view path, absl::string_view expected, const json& found) {
-  return Error(path, absl::StrCat("expected ", expected, ", found ", found.type_name()));
+  return snapshot_internal::ReadTypeError(path, expected, found.type_name());
 }
 
 // Reads fields of one JSON object; `path` is the object's own path.
@@ -45,14 +38,14 @@ class ObjectReader {
   }
 
   const std::string& path() const { return path_; }
-  std::string PathOf(absl::string_view key) const { return Join(path_, key); }
+  std::string PathOf(absl::string_view key) const { return ChildPath(path_, key); }
 
   // The member `key`, or nullptr when absent (an error when `required`).
   absl::StatusOr<const json*> Get(absl::string_view key, bool required) const {
     auto it = object_.find(std::string(key));
     if (it == object_.end()) {
       if (required)
-        return Error(path_.empty() ? "(top level)" : path_, absl::StrCat("missing field '", key, "'"));
+        return ReadError(path_.empty() ? "(top level)" : path_, absl::StrCat("missing field '", key, "'"));
       return static_cast<const json*>(nullptr);
     }
     return &*it;
@@ -79,7 +72,7 @@ class ObjectReader {
     if ((*v)->is_number_unsigned()) {
       const std::uint64_t u = (*v)->get<std::uint64_t>();
       if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-        return Error(PathOf(key), absl::StrCat(u, " is out of range for a signed 64-bit integer"));
+        return ReadError(PathOf(key), absl::StrCat(u, " is out of range for a signed 64-bit integer"));
       }
       *out = static_cast<std::int64_t>(u);
     } else if ((*v)->is_number_integer()) {
@@ -94,7 +87,7 @@ class ObjectReader {
     std::int64_t wide = *out;
     if (absl::Status s = I64(key, &wide, required); !s.ok()) return s;
     if (wide < std::numeric_limits<int>::min() || wide > std::numeric_limits<int>::max()) {
-      return Error(PathOf(key), absl::StrCat(wide, " is out of range"));
+      return ReadError(PathOf(key), absl::StrCat(wide, " is out of range"));
     }
     *out = static_cast<int>(wide);
     return absl::OkStatus();
@@ -155,7 +148,7 @@ absl::Status ReadEvent(const json& value, const std::string& path, HistoryEvent*
   GRAPHALLOC_RETURN_IF_ERROR(r->String("action", &action));
   std::optional<HistoryAction> parsed = ParseHistoryAction(action);
   if (!parsed.has_value()) {
-    return Error(
+    return ReadError(
         r->PathOf("action"),
         absl::StrCat("unknown action '", action,
                      "'; expected alloc, free_requested, free_completed, segment_alloc, segment_free, "
@@ -201,7 +194,7 @@ class HistoryStreamer {
       return true;
     }
     // One element of history.events, complete.
-    const std::string path = Index("history.events", index_++);
+    const std::string path = IndexPath("history.events", index_++);
     if (!status_.ok()) return false;
     HistoryEvent e;
     std::uint64_t stack = kNoStack;
@@ -232,11 +225,11 @@ absl::Status ReadStats(const ObjectReader& root, DeviceStats* stats) {
   if (!v.ok() || *v == nullptr) return v.status();
   absl::StatusOr<ObjectReader> r = ObjectReader::Of(**v, "stats");
   if (!r.ok()) return r.status();
-  for (const auto& [name, array] : kStatArrays) {
-    absl::StatusOr<const json*> a = r->Get(name, false);
+  for (const StatArrayName& array : kStatArrays) {
+    absl::StatusOr<const json*> a = r->Get(array.name, false);
     if (!a.ok()) return a.status();
     if (*a == nullptr) continue;
-    absl::StatusOr<ObjectReader> ar = ObjectReader::Of(**a, r->PathOf(name));
+    absl::StatusOr<ObjectReader> ar = ObjectReader::Of(**a, r->PathOf(array.name));
     if (!ar.ok()) return ar.status();
     for (int t = 0; t < kNumStatTypes; ++t) {
       absl::StatusOr<const json*> s = ar->Get(kStatTypeNames[t], false);
@@ -245,19 +238,19 @@ absl::Status ReadStats(const ObjectReader& root, DeviceStats* stats) {
       absl::StatusOr<ObjectReader> sr = ObjectReader::Of(**s, ar->PathOf(kStatTypeNames[t]));
       if (!sr.ok()) return sr.status();
       for (const auto& [field_name, field] : kStatFields) {
-        GRAPHALLOC_RETURN_IF_ERROR(sr->I64(field_name, &((stats->*array).by_type[t].*field), false));
+        GRAPHALLOC_RETURN_IF_ERROR(sr->I64(field_name, &((stats->*array.member).by_type[t].*field), false));
       }
     }
   }
-  for (const auto& [name, counter] : kStatCounters)
-    GRAPHALLOC_RETURN_IF_ERROR(r->I64(name, &(stats->*counter), false));
+  for (const StatCounterName& counter : kStatCounters)
+    GRAPHALLOC_RETURN_IF_ERROR(r->I64(counter.name, &(stats->*counter.member), false));
   return absl::OkStatus();
 }
 
 absl::Status ReadFrames(const json& value, const std::string& path, std::vector<Frame>* frames) {
   if (!value.is_array()) return TypeError(path, "an array of frames", value);
   for (std::size_t i = 0; i < value.size(); ++i) {
-    absl::StatusOr<ObjectReader> r = ObjectReader::Of(value[i], Index(path, i));
+    absl::StatusOr<ObjectReader> r = ObjectReader::Of(value[i], IndexPath(path, i));
     if (!r.ok()) return r.status();
     Frame f;
     GRAPHALLOC_RETURN_IF_ERROR(r->String("function", &f.function));
@@ -279,8 +272,8 @@ absl::Status ReadBlock(const json& value, const std::string& path, BlockSnapshot
   GRAPHALLOC_RETURN_IF_ERROR(r->String("state", &state));
   std::optional<BlockState> parsed = ParseBlockState(state);
   if (!parsed.has_value()) {
-    return Error(r->PathOf("state"),
-                 absl::StrCat("unknown state '", state, "'; expected allocated, pending_free or free"));
+    return ReadError(r->PathOf("state"),
+                     absl::StrCat("unknown state '", state, "'; expected allocated, pending_free or free"));
   }
   b->state = *parsed;
   GRAPHALLOC_RETURN_IF_ERROR(r->U64("stream", &b->stream, false));
@@ -300,7 +293,7 @@ absl::Status ReadSegment(const json& value, const std::string& path, SegmentSnap
   GRAPHALLOC_RETURN_IF_ERROR(r->String("kind", &kind, false));
   std::optional<SegmentKind> parsed = ParseSegmentKind(kind);
   if (!parsed.has_value()) {
-    return Error(r->PathOf("kind"), absl::StrCat("unknown kind '", kind, "'; expected small or large"));
+    return ReadError(r->PathOf("kind"), absl::StrCat("unknown kind '", kind, "'; expected small or large"));
   }
   s->kind = *parsed;
   GRAPHALLOC_RETURN_IF_ERROR(r->Bool("expandable", &s->expandable, false));
@@ -308,7 +301,7 @@ absl::Status ReadSegment(const json& value, const std::string& path, SegmentSnap
   if (!mapped.ok()) return mapped.status();
   if (*mapped != nullptr) {
     for (std::size_t i = 0; i < (*mapped)->size(); ++i) {
-      absl::StatusOr<ObjectReader> m = ObjectReader::Of((**mapped)[i], Index(r->PathOf("mapped"), i));
+      absl::StatusOr<ObjectReader> m = ObjectReader::Of((**mapped)[i], IndexPath(r->PathOf("mapped"), i));
       if (!m.ok()) return m.status();
       MappedRange range;
       GRAPHALLOC_RETURN_IF_ERROR(m->U64("offset", &range.offset));
@@ -322,7 +315,8 @@ absl::Status ReadSegment(const json& value, const std::string& path, SegmentSnap
   if (!blocks.ok()) return blocks.status();
   s->blocks.resize((*blocks)->size());
   for (std::size_t i = 0; i < s->blocks.size(); ++i) {
-    GRAPHALLOC_RETURN_IF_ERROR(ReadBlock((**blocks)[i], Index(r->PathOf("blocks"), i), &s->blocks[i], refs));
+    GRAPHALLOC_RETURN_IF_ERROR(
+        ReadBlock((**blocks)[i], IndexPath(r->PathOf("blocks"), i), &s->blocks[i], refs));
   }
   return absl::OkStatus();
 }
@@ -344,16 +338,16 @@ absl::Status ReadHeader(const ObjectReader& root) {
   absl::StatusOr<const json*> f = root.Get("format", false);
   if (!f.ok()) return f.status();
   if (*f == nullptr || !(*f)->is_string() || (*f)->get_ref<const std::string&>() != kSnapshotFormatName) {
-    return Error("format",
-                 absl::StrCat("not a graphalloc snapshot: expected \"format\": \"", kSnapshotFormatName, "\"",
-                              *f == nullptr ? " (the field is missing)" : ""));
+    return ReadError("format",
+                     absl::StrCat("not a graphalloc snapshot: expected \"format\": \"", kSnapshotFormatName,
+                                  "\"", *f == nullptr ? " (the field is missing)" : ""));
   }
   std::int64_t version = 0;
   GRAPHALLOC_RETURN_IF_ERROR(root.I64("version", &version));
   if (version != kSnapshotFormatVersion) {
-    return Error("version",
-                 absl::StrCat("snapshot format version ", version,
-                              " is not supported; this graphalloc reads version ", kSnapshotFormatVersion));
+    return ReadError(
+        "version", absl::StrCat("snapshot format version ", version,
+                                " is not supported; this graphalloc reads version ", kSnapshotFormatVersion));
   }
   return absl::OkStatus();
 }
@@ -361,7 +355,7 @@ absl::Status ReadHeader(const ObjectReader& root) {
 absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot* out) {
   absl::StatusOr<ObjectReader> root = ObjectReader::Of(doc, "");
   if (!root.ok())
-    return Error("(top level)", absl::StrCat("expected a JSON object, found ", doc.type_name()));
+    return ReadError("(top level)", absl::StrCat("expected a JSON object, found ", doc.type_name()));
   GRAPHALLOC_RETURN_IF_ERROR(ReadHeader(*root));
   if (!streamer.status().ok()) return streamer.status();
   out->format_version = kSnapshotFormatVersion;
@@ -386,7 +380,7 @@ absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot*
   if (*pools != nullptr) {
     out->pools.resize((*pools)->size());
     for (std::size_t i = 0; i < out->pools.size(); ++i) {
-      GRAPHALLOC_RETURN_IF_ERROR(ReadPool((**pools)[i], Index("pools", i), &out->pools[i]));
+      GRAPHALLOC_RETURN_IF_ERROR(ReadPool((**pools)[i], IndexPath("pools", i), &out->pools[i]));
     }
   }
 
@@ -396,7 +390,7 @@ absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot*
   if (*stack_table != nullptr) {
     stacks.resize((*stack_table)->size());
     for (std::size_t i = 0; i < stacks.size(); ++i) {
-      GRAPHALLOC_RETURN_IF_ERROR(ReadFrames((**stack_table)[i], Index("stacks", i), &stacks[i]));
+      GRAPHALLOC_RETURN_IF_ERROR(ReadFrames((**stack_table)[i], IndexPath("stacks", i), &stacks[i]));
     }
   }
 
@@ -405,7 +399,8 @@ absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot*
   if (!segments.ok()) return segments.status();
   out->segments.resize((*segments)->size());
   for (std::size_t i = 0; i < out->segments.size(); ++i) {
-    GRAPHALLOC_RETURN_IF_ERROR(ReadSegment((**segments)[i], Index("segments", i), &out->segments[i], &refs));
+    GRAPHALLOC_RETURN_IF_ERROR(
+        ReadSegment((**segments)[i], IndexPath("segments", i), &out->segments[i], &refs));
   }
 
   absl::StatusOr<const json*> history = root->Get("history", false);
@@ -426,14 +421,15 @@ absl::Status Convert(const json& doc, HistoryStreamer& streamer, MemorySnapshot*
     out->history = std::move(streamer.events());
     for (std::size_t i = 0; i < out->history.size(); ++i) {
       if (streamer.stacks()[i] == kNoStack) continue;
-      refs.push_back({&out->history[i].frames, streamer.stacks()[i], Index("history.events", i) + ".stack"});
+      refs.push_back(
+          {&out->history[i].frames, streamer.stacks()[i], IndexPath("history.events", i) + ".stack"});
     }
   }
 
   for (const StackRef& ref : refs) {
     if (ref.index >= stacks.size()) {
-      return Error(ref.path, absl::StrCat("stack ", ref.index, " does not exist; the file has ",
-                                          stacks.size(), " stacks"));
+      return ReadError(ref.path, absl::StrCat("stack ", ref.index, " does not exist; the file has ",
+                                              stacks.size(), " stacks"));
     }
     *ref.frames = stacks[ref.index];
   }

@@ -1,4 +1,4 @@
-// SnapshotToJson and the file helpers of snapshot_json.h: a streaming writer into one std::string.
+// SnapshotToJson and the file helpers of snapshot_json.h, written with JsonWriter (json_writer.h).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -7,87 +7,13 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "graphalloc/allocator/snapshot/snapshot_internal.h"
+#include "graphalloc/allocator/snapshot/json_writer.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
+#include "graphalloc/allocator/stats/stat_names.h"
 
 namespace graphalloc {
 namespace {
-
-using snapshot_internal::kStatArrays;
-using snapshot_internal::kStatCounters;
-using snapshot_internal::kStatFields;
-using snapshot_internal::kStatTypeNames;
-using snapshot_internal::Utf8SequenceLength;
-
-class JsonOut {
- public:
-  explicit JsonOut(std::string* out) : out_(*out) {}
-
-  void Raw(absl::string_view text) { out_.append(text.data(), text.size()); }
-  void Char(char c) { out_.push_back(c); }
-  void U64(std::uint64_t v) {
-    char buf[absl::numbers_internal::kFastToBufferSize];
-    char* end = absl::numbers_internal::FastIntToBuffer(v, buf);
-    out_.append(buf, static_cast<std::size_t>(end - buf));
-  }
-  void I64(std::int64_t v) {
-    char buf[absl::numbers_internal::kFastToBufferSize];
-    char* end = absl::numbers_internal::FastIntToBuffer(v, buf);
-    out_.append(buf, static_cast<std::size_t>(end - buf));
-  }
-  void Bool(bool v) { Raw(v ? "true" : "false"); }
-  void String(absl::string_view s) {
-    Char('"');
-    std::size_t i = 0;
-    while (i < s.size()) {
-      const auto c = static_cast<unsigned char>(s[i]);
-      if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') {
-        std::size_t j = i + 1;
-        while (j < s.size()) {
-          const auto d = static_cast<unsigned char>(s[j]);
-          if (d < 0x20 || d >= 0x80 || d == '"' || d == '\\') break;
-          ++j;
-        }
-        out_.append(s.data() + i, j - i);
-        i = j;
-        continue;
-      }
-      if (c == '"' || c == '\\') {
-        Char('\\');
-        Char(static_cast<char>(c));
-      } else if (c == '\n') {
-        Raw("\\n");
-      } else if (c == '\t') {
-        Raw("\\t");
-      } else if (c < 0x20) {
-        static constexpr char kHex[] = "0123456789abcdef";
-        Raw("\\u00");
-        Char(kHex[c >> 4]);
-        Char(kHex[c & 15]);
-      } else if (std::size_t n = Utf8SequenceLength(s, i); n != 0) {
-        out_.append(s.data() + i, n);
-        i += n;
-        continue;
-      } else {
-        Raw("\\ufffd");
-      }
-      ++i;
-    }
-    Char('"');
-  }
-  // `"key":` with a leading comma unless `first`.
-  void Key(absl::string_view key, bool first = false) {
-    if (!first) Char(',');
-    Char('"');
-    Raw(key);
-    Raw("\":");
-  }
-
- private:
-  std::string& out_;
-};
 
 // Stacks, de-duplicated: each distinct non-empty frame list gets an index into the "stacks" table.
 class StackTable {
@@ -118,7 +44,7 @@ class StackTable {
   std::vector<const std::vector<Frame>*> stacks_;
 };
 
-void WriteStat(JsonOut& j, const Stat& stat) {
+void WriteStat(JsonWriter& j, const Stat& stat) {
   bool first = true;
   j.Char('{');
   for (const auto& [name, field] : kStatFields) {
@@ -129,34 +55,34 @@ void WriteStat(JsonOut& j, const Stat& stat) {
   j.Char('}');
 }
 
-void WriteStats(JsonOut& j, const DeviceStats& stats) {
+void WriteStats(JsonWriter& j, const DeviceStats& stats) {
   j.Char('{');
   bool first = true;
-  for (const auto& [name, array] : kStatArrays) {
-    j.Key(name, first);
+  for (const StatArrayName& array : kStatArrays) {
+    j.Key(array.name, first);
     first = false;
     j.Char('{');
     for (int t = 0; t < kNumStatTypes; ++t) {
       j.Key(kStatTypeNames[t], t == 0);
-      WriteStat(j, (stats.*array).by_type[t]);
+      WriteStat(j, (stats.*array.member).by_type[t]);
     }
     j.Char('}');
   }
-  for (const auto& [name, counter] : kStatCounters) {
-    j.Key(name);
-    j.I64(stats.*counter);
+  for (const StatCounterName& counter : kStatCounters) {
+    j.Key(counter.name);
+    j.I64(stats.*counter.member);
   }
   j.Char('}');
 }
 
-void WriteStackRef(JsonOut& j, StackTable& stacks, const std::vector<Frame>& frames) {
+void WriteStackRef(JsonWriter& j, StackTable& stacks, const std::vector<Frame>& frames) {
   const std::int64_t id = stacks.Intern(frames);
   if (id < 0) return;
   j.Key("stack");
   j.I64(id);
 }
 
-void WriteBlock(JsonOut& j, StackTable& stacks, const BlockSnapshot& b) {
+void WriteBlock(JsonWriter& j, StackTable& stacks, const BlockSnapshot& b) {
   j.Raw("{\"address\":");
   j.U64(b.address);
   j.Key("size");
@@ -175,7 +101,7 @@ void WriteBlock(JsonOut& j, StackTable& stacks, const BlockSnapshot& b) {
   j.Char('}');
 }
 
-void WriteSegment(JsonOut& j, StackTable& stacks, const SegmentSnapshot& s) {
+void WriteSegment(JsonWriter& j, StackTable& stacks, const SegmentSnapshot& s) {
   j.Raw("{\"address\":");
   j.U64(s.address);
   j.Key("total_size");
@@ -212,7 +138,7 @@ void WriteSegment(JsonOut& j, StackTable& stacks, const SegmentSnapshot& s) {
   j.Raw("]}");
 }
 
-void WriteEvent(JsonOut& j, StackTable& stacks, const HistoryEvent& e) {
+void WriteEvent(JsonWriter& j, StackTable& stacks, const HistoryEvent& e) {
   j.Raw("{\"action\":");
   j.String(HistoryActionName(e.action));
   j.Key("address");
@@ -250,7 +176,7 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
   std::string out;
   out.reserve(4096 + stacks.stacks().size() * 256 + snapshot.segments.size() * 160 + blocks * 110 +
               snapshot.history.size() * 130);
-  JsonOut j(&out);
+  JsonWriter j(&out);
   j.Raw("{\"format\":");
   j.String(kSnapshotFormatName);
   j.Raw(",\"version\":");

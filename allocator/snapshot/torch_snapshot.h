@@ -1,7 +1,7 @@
 // PyTorch interop: a MemorySnapshot as the pickle torch.cuda.memory._dump_snapshot() writes (what
 // pytorch.org/memory_viz and `python -m torch.cuda._memory_viz` read), and back.
 //
-// Export (reference/perf_and_ecosystem.md 6.2): {"segments": [...], "device_traces": [[...]],
+// Export (docs/pytorch_parity.md, "History and snapshots"): {"segments": [...], "device_traces": [[...]],
 // "allocator_settings": {...}, "external_annotations": []}. Block states become "active_allocated",
 // "active_pending_free" and "inactive"; pool ids become PyTorch's (int, int) pair as (id >> 32, id &
 // 0xffffffff), so (0, 0) is the default pool; history events become the one device's trace, annotations its

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "graphalloc/allocator/base/status_macros.h"
 #include "graphalloc/allocator/snapshot/pickle.h"
+#include "graphalloc/allocator/snapshot/snapshot_internal.h"
 #include "graphalloc/allocator/snapshot/torch_snapshot.h"
 
 namespace graphalloc {
@@ -16,11 +17,12 @@ namespace {
 
 using Kind = PickleValue::Kind;
 
-absl::Status Error(absl::string_view path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
+using snapshot_internal::ChildPath;
+using snapshot_internal::IndexPath;
+using snapshot_internal::ReadError;
+
 absl::Status TypeError(absl::string_view path, absl::string_view expected, const PickleValue& found) {
-  return Error(path, absl::StrCat("expected ", expected, ", found ", found.TypeName()));
+  return snapshot_internal::ReadTypeError(path, expected, found.TypeName());
 }
 
 // A dict of the pickle, with the path it was found at.
@@ -30,16 +32,15 @@ class Dict {
     if (v.kind != Kind::kDict) return TypeError(path, "a dict", v);
     return Dict(*v.node, std::move(path));
   }
-  std::string PathOf(absl::string_view key) const {
-    return absl::StrCat(path_, path_.empty() ? "" : ".", key);
-  }
+  std::string PathOf(absl::string_view key) const { return ChildPath(path_, key); }
   const PickleValue* Find(absl::string_view key) const { return node_.Find(key); }
 
   absl::Status Int(absl::string_view key, std::int64_t* out, bool required) const {
     const PickleValue* v = Find(key);
     if (v == nullptr)
-      return required ? Error(path_.empty() ? "(top level)" : path_, absl::StrCat("missing key '", key, "'"))
-                      : absl::OkStatus();
+      return required
+                 ? ReadError(path_.empty() ? "(top level)" : path_, absl::StrCat("missing key '", key, "'"))
+                 : absl::OkStatus();
     if (!v->IsInt()) return TypeError(PathOf(key), "an int", *v);
     *out = v->integer;
     return absl::OkStatus();
@@ -53,7 +54,7 @@ class Dict {
   absl::Status String(absl::string_view key, std::string* out, bool required) const {
     const PickleValue* v = Find(key);
     if (v == nullptr)
-      return required ? Error(path_, absl::StrCat("missing key '", key, "'")) : absl::OkStatus();
+      return required ? ReadError(path_, absl::StrCat("missing key '", key, "'")) : absl::OkStatus();
     if (v->kind == Kind::kNone && !required) return absl::OkStatus();
     if (v->kind != Kind::kString) return TypeError(PathOf(key), "a str", *v);
     *out = v->text;
@@ -71,7 +72,7 @@ class Dict {
     const PickleValue* v = Find(key);
     if (v == nullptr) {
       if (required)
-        return Error(path_.empty() ? "(top level)" : path_, absl::StrCat("missing key '", key, "'"));
+        return ReadError(path_.empty() ? "(top level)" : path_, absl::StrCat("missing key '", key, "'"));
       return static_cast<const PickleNode*>(nullptr);
     }
     if (!v->IsSequence()) return TypeError(PathOf(key), "a list", *v);
@@ -84,14 +85,12 @@ class Dict {
   std::string path_;
 };
 
-std::string Index(absl::string_view path, std::size_t i) { return absl::StrCat(path, "[", i, "]"); }
-
 absl::Status ReadFrames(const Dict& d, std::vector<Frame>* frames) {
   absl::StatusOr<const PickleNode*> list = d.List("frames", false);
   if (!list.ok()) return list.status();
   if (*list == nullptr) return absl::OkStatus();
   for (std::size_t i = 0; i < (*list)->items.size(); ++i) {
-    absl::StatusOr<Dict> f = Dict::Of((*list)->items[i], Index(d.PathOf("frames"), i));
+    absl::StatusOr<Dict> f = Dict::Of((*list)->items[i], IndexPath(d.PathOf("frames"), i));
     if (!f.ok()) return f.status();
     Frame frame;
     GRAPHALLOC_RETURN_IF_ERROR(f->String("name", &frame.function, false));
@@ -110,9 +109,9 @@ absl::StatusOr<BlockState> ReadState(const Dict& d) {
   if (state == "active_allocated") return BlockState::kAllocated;
   if (state == "active_pending_free" || state == "active_awaiting_free") return BlockState::kPendingFree;
   if (state == "inactive") return BlockState::kFree;
-  return Error(d.PathOf("state"), absl::StrCat("unknown block state '", state,
-                                               "'; expected active_allocated, active_pending_free (or "
-                                               "active_awaiting_free) or inactive"));
+  return ReadError(d.PathOf("state"), absl::StrCat("unknown block state '", state,
+                                                   "'; expected active_allocated, active_pending_free (or "
+                                                   "active_awaiting_free) or inactive"));
 }
 
 absl::Status ReadPoolId(const Dict& d, std::uint64_t* pool_id) {
@@ -134,8 +133,8 @@ absl::Status ReadSegment(const Dict& d, SegmentSnapshot* seg) {
   std::string type = "large";
   GRAPHALLOC_RETURN_IF_ERROR(d.String("segment_type", &type, false));
   if (type != "small" && type != "large") {
-    return Error(d.PathOf("segment_type"),
-                 absl::StrCat("unknown segment type '", type, "'; expected small or large"));
+    return ReadError(d.PathOf("segment_type"),
+                     absl::StrCat("unknown segment type '", type, "'; expected small or large"));
   }
   seg->kind = type == "small" ? SegmentKind::kSmall : SegmentKind::kLarge;
   GRAPHALLOC_RETURN_IF_ERROR(ReadPoolId(d, &seg->pool_id));
@@ -146,7 +145,7 @@ absl::Status ReadSegment(const Dict& d, SegmentSnapshot* seg) {
   if (!blocks.ok()) return blocks.status();
   std::uint64_t next = seg->address;
   for (std::size_t i = 0; i < (*blocks)->items.size(); ++i) {
-    absl::StatusOr<Dict> b = Dict::Of((*blocks)->items[i], Index(d.PathOf("blocks"), i));
+    absl::StatusOr<Dict> b = Dict::Of((*blocks)->items[i], IndexPath(d.PathOf("blocks"), i));
     if (!b.ok()) return b.status();
     BlockSnapshot block;
     block.address = next;  // older PyTorch leaves addresses out: blocks are contiguous
@@ -223,7 +222,7 @@ void Recompute(MemorySnapshot& s) {
 
 absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
   absl::StatusOr<Dict> top = Dict::Of(root, "");
-  if (!top.ok()) return Error("(top level)", absl::StrCat("expected a dict, found ", root.TypeName()));
+  if (!top.ok()) return ReadError("(top level)", absl::StrCat("expected a dict, found ", root.TypeName()));
   absl::StatusOr<const PickleNode*> segments = top->List("segments", true);
   if (!segments.ok()) return segments.status();
   absl::StatusOr<const PickleNode*> traces = top->List("device_traces", false);
@@ -231,7 +230,7 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
 
   std::vector<std::int64_t> segment_devices((*segments)->items.size(), 0);
   for (std::size_t i = 0; i < segment_devices.size(); ++i) {
-    absl::StatusOr<Dict> d = Dict::Of((*segments)->items[i], Index("segments", i));
+    absl::StatusOr<Dict> d = Dict::Of((*segments)->items[i], IndexPath("segments", i));
     if (!d.ok()) return d.status();
     GRAPHALLOC_RETURN_IF_ERROR(d->Int("device", &segment_devices[i], false));
   }
@@ -252,7 +251,7 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
 
   for (std::size_t i = 0; i < segment_devices.size(); ++i) {
     if (segment_devices[i] != device) continue;
-    absl::StatusOr<Dict> d = Dict::Of((*segments)->items[i], Index("segments", i));
+    absl::StatusOr<Dict> d = Dict::Of((*segments)->items[i], IndexPath("segments", i));
     SegmentSnapshot seg;
     GRAPHALLOC_RETURN_IF_ERROR(ReadSegment(*d, &seg));
     out->segments.push_back(std::move(seg));
@@ -261,12 +260,12 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
                    [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
 
   if (*traces != nullptr && static_cast<std::size_t>(device) < (*traces)->items.size()) {
-    const std::string path = Index("device_traces", static_cast<std::size_t>(device));
+    const std::string path = IndexPath("device_traces", static_cast<std::size_t>(device));
     const PickleValue& list = (*traces)->items[static_cast<std::size_t>(device)];
     if (!list.IsSequence()) return TypeError(path, "a list", list);
     out->history.reserve(list.node->items.size());
     for (std::size_t i = 0; i < list.node->items.size(); ++i) {
-      absl::StatusOr<Dict> d = Dict::Of(list.node->items[i], Index(path, i));
+      absl::StatusOr<Dict> d = Dict::Of(list.node->items[i], IndexPath(path, i));
       if (!d.ok()) return d.status();
       HistoryEvent e;
       bool keep = false;

@@ -1,4 +1,5 @@
-// Allocator statistics, with PyTorch's names and meanings (reference/pytorch_caching_allocator.md 7.1).
+// Allocator statistics, with PyTorch's names and meanings (docs/pytorch_parity.md, "Statistics"; the names
+// are listed once, in stat_names.h).
 #ifndef GRAPHALLOC_ALLOCATOR_STATS_STATS_H_
 #define GRAPHALLOC_ALLOCATOR_STATS_STATS_H_
 

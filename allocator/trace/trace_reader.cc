@@ -25,21 +25,6 @@
 namespace graphalloc {
 namespace {
 
-struct ActionName {
-  TraceAction action;
-  absl::string_view name;
-};
-
-constexpr std::array<ActionName, 7> kActionNames = {{
-    {TraceAction::kAlloc, "alloc"},
-    {TraceAction::kFreeRequested, "free_requested"},
-    {TraceAction::kFreeCompleted, "free_completed"},
-    {TraceAction::kSegmentAlloc, "segment_alloc"},
-    {TraceAction::kSegmentFree, "segment_free"},
-    {TraceAction::kSegmentMap, "segment_map"},
-    {TraceAction::kSegmentUnmap, "segment_unmap"},
-}};
-
 constexpr std::array<absl::string_view, 5> kFieldNames = {"action", "addr", "size", "stream", "time_us"};
 
 // Shortens what is quoted back to the user, so a binary file does not flood the terminal.
@@ -56,7 +41,9 @@ std::string Quote(absl::string_view text) {
 
 std::string ExpectedActions() {
   std::vector<absl::string_view> names;
-  for (const ActionName& a : kActionNames) names.push_back(a.name);
+  for (int a = 0; IsTraceAction(static_cast<HistoryAction>(a)); ++a) {
+    names.push_back(HistoryActionName(static_cast<HistoryAction>(a)));
+  }
   return absl::StrJoin(names, ", ");
 }
 
@@ -75,18 +62,10 @@ bool HasGzipMagic(absl::string_view bytes) {
 
 }  // namespace
 
-absl::string_view TraceActionName(TraceAction action) {
-  for (const ActionName& a : kActionNames) {
-    if (a.action == action) return a.name;
-  }
-  return "unknown";
-}
-
 std::optional<TraceAction> ParseTraceAction(absl::string_view name) {
-  for (const ActionName& a : kActionNames) {
-    if (a.name == name) return a.action;
-  }
-  return std::nullopt;
+  std::optional<HistoryAction> action = ParseHistoryAction(name);
+  if (!action.has_value() || !IsTraceAction(*action)) return std::nullopt;
+  return action;
 }
 
 std::string Trace::Where(std::size_t index) const {
@@ -253,42 +232,24 @@ absl::StatusOr<Trace> TraceFromHistory(const MemorySnapshot& snapshot, absl::str
   trace.name = std::string(name);
   const std::size_t slash = trace.name.find_last_of('/');
   if (slash != std::string::npos) trace.name = trace.name.substr(slash + 1);
-  absl::flat_hash_set<std::uint64_t> live;     // allocated, not yet free_completed
-  absl::flat_hash_set<std::uint64_t> pending;  // free_requested, not yet free_completed
+  absl::flat_hash_set<std::uint64_t> live;  // allocated, not yet free_completed
   for (const HistoryEvent& e : snapshot.history) {
-    TraceEvent out{e.address, e.size, e.stream, e.time_us, 0, TraceAction::kAlloc};
+    if (!IsTraceAction(e.action)) continue;  // OOM and snapshot events
     switch (e.action) {
       case HistoryAction::kAlloc:
         if (!live.insert(e.address).second) continue;
         break;
       case HistoryAction::kFreeRequested:
         if (!live.contains(e.address)) continue;
-        pending.insert(e.address);
-        out.action = TraceAction::kFreeRequested;
         break;
       case HistoryAction::kFreeCompleted:
         // Blocks allocated before the ring's oldest event cannot be freed by the replay.
         if (live.erase(e.address) == 0) continue;
-        pending.erase(e.address);
-        out.action = TraceAction::kFreeCompleted;
         break;
-      case HistoryAction::kSegmentAlloc:
-        out.action = TraceAction::kSegmentAlloc;
+      default:  // the segment events
         break;
-      case HistoryAction::kSegmentFree:
-        out.action = TraceAction::kSegmentFree;
-        break;
-      case HistoryAction::kSegmentMap:
-        out.action = TraceAction::kSegmentMap;
-        break;
-      case HistoryAction::kSegmentUnmap:
-        out.action = TraceAction::kSegmentUnmap;
-        break;
-      case HistoryAction::kOom:
-      case HistoryAction::kSnapshot:
-        continue;
     }
-    trace.events.push_back(out);
+    trace.events.push_back(TraceEvent{e.address, e.size, e.stream, e.time_us, 0, e.action});
   }
   return trace;
 }
@@ -298,8 +259,8 @@ std::string FormatTraceCsv(const Trace& trace) {
   out.reserve(64 * (trace.events.size() + 1));
   absl::StrAppend(&out, kTraceHeader, "\n");
   for (const TraceEvent& e : trace.events) {
-    absl::StrAppend(&out, TraceActionName(e.action), ",", e.addr, ",", e.size, ",", e.stream, ",", e.time_us,
-                    "\n");
+    absl::StrAppend(&out, HistoryActionName(e.action), ",", e.addr, ",", e.size, ",", e.stream, ",",
+                    e.time_us, "\n");
   }
   return out;
 }

@@ -21,19 +21,14 @@
 
 namespace graphalloc {
 
-enum class TraceAction : std::uint8_t {
-  kAlloc,
-  kFreeRequested,
-  kFreeCompleted,
-  kSegmentAlloc,
-  kSegmentFree,
-  kSegmentMap,
-  kSegmentUnmap,
-};
+// A row's action. A trace's actions are the history's (memory_snapshot.h) and have the same names: a trace
+// holds the allocator's seven block and segment events, alloc through segment_unmap; kOom and kSnapshot are
+// history events only and never a trace row. HistoryActionName() names them.
+using TraceAction = HistoryAction;
 
-// The action's name in the CSV ("alloc", "free_completed", ...).
-absl::string_view TraceActionName(TraceAction action);
-// The action named `name`, or nullopt for an unknown name.
+// Whether a trace can hold `action` (every action but kOom and kSnapshot).
+constexpr bool IsTraceAction(HistoryAction action) { return action <= HistoryAction::kSegmentUnmap; }
+// The action named `name` ("alloc", "free_completed", ...), or nullopt when no trace row can have it.
 std::optional<TraceAction> ParseTraceAction(absl::string_view name);
 
 // One row. `line` is the row's 1-based line number in the file it was read from (0 when built in code);

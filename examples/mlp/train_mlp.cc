@@ -4,12 +4,11 @@
 //   train_mlp [--device=sim|cuda] [--steps=100] [--micro-batches=1] [--recompute] [--alias-gradients]
 //
 // Exits 0 when the runs agree bit for bit, 1 when they differ, 2 on an error.
+#include <CLI/CLI.hpp>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <string_view>
 
 #include "examples/mlp/mlp.h"
 #include "graphalloc/allocator/caching_allocator.h"
@@ -43,39 +42,32 @@ absl::StatusOr<Run> Train(graphalloc::CachingAllocator& allocator, std::shared_p
   return run;
 }
 
-bool Flag(std::string_view arg, std::string_view name, std::string* value) {
-  if (arg.substr(0, name.size()) != name) return false;
-  if (arg.size() == name.size()) return value == nullptr;
-  if (value == nullptr || arg[name.size()] != '=') return false;
-  *value = std::string(arg.substr(name.size() + 1));
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string device = "sim", value;
+  std::string device = "sim";
   int steps = 100;
   MlpConfig config;
-  config.max_steps = 100;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (Flag(arg, "--device", &value)) {
-      device = value;
-    } else if (Flag(arg, "--steps", &value)) {
-      steps = std::atoi(value.c_str());
-    } else if (Flag(arg, "--micro-batches", &value)) {
-      config.micro_batches = std::atoi(value.c_str());
-    } else if (Flag(arg, "--recompute", nullptr)) {
-      config.recompute = true;
-    } else if (Flag(arg, "--alias-gradients", nullptr)) {
-      config.alias_gradients = true;
-    } else {
-      std::fprintf(stderr,
-                   "usage: train_mlp [--device=sim|cuda] [--steps=N] [--micro-batches=M] [--recompute] "
-                   "[--alias-gradients]\n");
-      return 2;
-    }
+  CLI::App app{
+      "Trains the example MLP through a graphed step and eagerly and checks that the two runs give "
+      "bit-identical losses and weights\nExit codes: 0 bit-identical, 1 different, 2 an error"};
+  app.add_option("--device", device, "sim or cuda")
+      ->check(CLI::IsMember({"sim", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--steps", steps, "Optimizer steps (at least 1)")->capture_default_str();
+  app.add_option("--micro-batches", config.micro_batches, "Forward/backward pairs per optimizer step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("--recompute", config.recompute, "Recompute the hidden layer in the backward");
+  app.add_flag("--alias-gradients", config.alias_gradients,
+               "Return the gradients as aliases of the graph's static buffers");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
   }
   if (steps < 1) steps = 1;
   config.max_steps = static_cast<std::size_t>(steps);

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <optional>
 
 #include "python/csrc/torch_backend.h"
 
@@ -38,13 +37,7 @@ GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_open_routes(void) {
 // The pool whose route the calling thread began last: returns 1 and fills the outputs, or 0 if none.
 GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_last_begun(int* device, unsigned long long* first,
                                                                   unsigned long long* second) {
-  const std::optional<graphalloc_torch::TorchPoolKey> key =
-      graphalloc_torch::TorchBackend::Get().pools().LastBegunOnThisThread();
-  if (!key.has_value() || device == nullptr || first == nullptr || second == nullptr) return 0;
-  *device = key->device;
-  *first = key->id.first;
-  *second = key->id.second;
-  return 1;
+  return graphalloc_torch::LastBegun(graphalloc_torch::TorchBackend::Get().pools(), device, first, second);
 }
 
 // Whether a route to the pool is open (*route_open) and its graphalloc pool (*pool); returns 1 when
@@ -52,17 +45,12 @@ GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_last_begun(int* device, u
 GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_route_of(int device, unsigned long long first,
                                                                 unsigned long long second, uint64_t* pool,
                                                                 int* route_open) {
-  graphalloc_torch::TorchPoolTable& pools = graphalloc_torch::TorchBackend::Get().pools();
-  const graphalloc_torch::TorchPoolKey key{static_cast<c10::DeviceIndex>(device), {first, second}};
-  if (route_open != nullptr) *route_open = pools.RouteOpen(key) ? 1 : 0;
-  const std::optional<graphalloc::PoolId> id = pools.GraphallocIdOf(key);
-  if (id.has_value() && pool != nullptr) *pool = *id;
-  return id.has_value() ? 1 : 0;
+  return graphalloc_torch::RouteOf(graphalloc_torch::TorchBackend::Get().pools(), device, first, second, pool,
+                                   route_open);
 }
 
 // Ends the pool's route if it is open; with release != 0 also drops the reference its begin took.
 GRAPHALLOC_BACKEND_EXPORT void graphalloc_torch_backend_abandon(int device, unsigned long long first,
                                                                 unsigned long long second, int release) {
-  graphalloc_torch::TorchBackend::Get().pools().Abandon(
-      graphalloc_torch::TorchPoolKey{static_cast<c10::DeviceIndex>(device), {first, second}}, release != 0);
+  graphalloc_torch::Abandon(graphalloc_torch::TorchBackend::Get().pools(), device, first, second, release);
 }

@@ -289,4 +289,38 @@ c10::MempoolId_t TorchPoolTable::TorchIdOf(c10::DeviceIndex device, graphalloc::
   return {0, pool};
 }
 
+std::optional<TorchPoolKey> TorchPoolKeyOf(int device, c10::MempoolId_t id) {
+  if (device < std::numeric_limits<c10::DeviceIndex>::min() ||
+      device > std::numeric_limits<c10::DeviceIndex>::max()) {
+    return std::nullopt;
+  }
+  return TorchPoolKey{static_cast<c10::DeviceIndex>(device), id};
+}
+
+int LastBegun(const TorchPoolTable& table, int* device, unsigned long long* first,
+              unsigned long long* second) {
+  const std::optional<TorchPoolKey> key = table.LastBegunOnThisThread();
+  if (!key.has_value() || device == nullptr || first == nullptr || second == nullptr) return 0;
+  *device = key->device;
+  *first = key->id.first;
+  *second = key->id.second;
+  return 1;
+}
+
+int RouteOf(TorchPoolTable& table, int device, unsigned long long first, unsigned long long second,
+            std::uint64_t* pool, int* route_open) {
+  const std::optional<TorchPoolKey> key = TorchPoolKeyOf(device, {first, second});
+  if (route_open != nullptr) *route_open = key.has_value() && table.RouteOpen(*key) ? 1 : 0;
+  const std::optional<graphalloc::PoolId> id = key.has_value() ? table.GraphallocIdOf(*key) : std::nullopt;
+  if (id.has_value() && pool != nullptr) *pool = *id;
+  return id.has_value() ? 1 : 0;
+}
+
+void Abandon(TorchPoolTable& table, int device, unsigned long long first, unsigned long long second,
+             int release) {
+  if (const std::optional<TorchPoolKey> key = TorchPoolKeyOf(device, {first, second})) {
+    table.Abandon(*key, release != 0);
+  }
+}
+
 }  // namespace graphalloc_torch

@@ -1,5 +1,6 @@
-// PyTorch's memory pools (CUDA graph pools, torch.cuda.MemPool) on graphalloc private pools, for the
-// PyTorch backend (torch_backend.h).
+// PyTorch's memory pools (CUDA graph pools, torch.cuda.MemPool) on graphalloc private pools, for both ways
+// into PyTorch: the backend (torch_backend.h) and the pluggable path's pool hooks (torch_shim.cc), each with
+// a table of its own.
 //
 // PyTorch names a pool by (device, MempoolId_t) and counts its references itself: createOrIncrefPool and
 // each beginAllocateToPool take one, releasePool drops one. The table holds one graphalloc PrivatePool
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -81,8 +83,9 @@ class TorchPoolTable {
 
   // Routes begun and not ended (0 outside captures and use_mem_pool blocks).
   int OpenRoutes();
-  // The pool whose route the calling thread began last, if any (CUDAGraph.capture_begin begins it on the
-  // calling thread; graphalloc.torch's clean-up of a failed capture looks it up there).
+  // The pool whose route the calling thread began last, in this table or another, if any
+  // (CUDAGraph.capture_begin begins it on the calling thread; graphalloc.torch's clean-up of a failed
+  // capture looks it up there).
   std::optional<TorchPoolKey> LastBegunOnThisThread() const;
   bool RouteOpen(const TorchPoolKey& key);
   // After a capture failed before PyTorch ended its route (cudaStreamEndCapture raised in capture_end, so
@@ -114,6 +117,24 @@ class TorchPoolTable {
   std::map<TorchPoolKey, Entry> entries_;
   std::map<TorchPoolKey, graphalloc::PoolRoute> routes_;
 };
+
+// The key of PyTorch's pool (device, id) as the C entry points and PyTorch's pool hooks name it (the device
+// as an int); nullopt for a device number no c10::DeviceIndex holds.
+std::optional<TorchPoolKey> TorchPoolKeyOf(int device, c10::MempoolId_t id);
+
+// The C functions graphalloc.torch calls to clean up after a failed capture, which libgraphalloc_torch.so
+// exports for each of its tables with the same signatures (graphalloc_torch_shim_* for the pluggable path's,
+// graphalloc_torch_backend_* for the backend's):
+//   LastBegun: the pool whose route the calling thread began last; 1 and the outputs, or 0 if none.
+int LastBegun(const TorchPoolTable& table, int* device, unsigned long long* first,
+              unsigned long long* second);
+//   RouteOf: whether a route to the pool is open (*route_open) and its graphalloc pool (*pool); 1 when
+//   graphalloc holds a pool for it, else 0.
+int RouteOf(TorchPoolTable& table, int device, unsigned long long first, unsigned long long second,
+            std::uint64_t* pool, int* route_open);
+//   Abandon: TorchPoolTable::Abandon (release != 0: drop the reference too).
+void Abandon(TorchPoolTable& table, int device, unsigned long long first, unsigned long long second,
+             int release);
 
 }  // namespace graphalloc_torch
 

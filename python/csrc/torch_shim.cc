@@ -5,9 +5,10 @@
 //    bindings turn into torch.cuda.OutOfMemoryError (and other failures into RuntimeError).
 // 2. CUDA graph pools. PyTorch's hooks (set_begin_allocate_to_pool, set_end_allocate_to_pool_fn,
 //    set_release_pool) take C++ types: a MempoolId_t pair and a std::function stream filter. These functions
-//    implement them over graphalloc's C ABI: a PyTorch pool id maps to a graphalloc private pool on its
-//    device (created on first use, one reference per beginAllocateToPool, dropped by releasePool, as PyTorch
-//    counts them), and each capture's filter becomes a predicate route in capture mode, opened before the
+//    serve them from a TorchPoolTable (torch_pools.h, the backend's pool table) over the default allocators
+//    graphalloc_malloc allocates from: a PyTorch pool id maps to a graphalloc private pool on its device
+//    (created on first use, kept while PyTorch counts a reference: one per beginAllocateToPool, dropped by
+//    releasePool), and each capture's filter becomes a predicate route in capture mode, opened before the
 //    capture begins exactly as PyTorch opens its own.
 //
 // Python finds the hooks through graphalloc_torch_shim_hook(name) (an address for PyTorch's setters) and
@@ -16,16 +17,15 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <map>
-#include <memory>
-#include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "graphalloc/allocator/c_api/graphalloc.h"
+#include "graphalloc/allocator/default_allocator.h"
 #include "python/csrc/torch_hook_types.h"
+#include "python/csrc/torch_pools.h"
 
 #ifdef GRAPHALLOC_TORCH_HOOK_CHECK_HEADER
 #include "torch_hook_check.h"  // written by python/CMakeLists.txt's check of PyTorch's hook types
@@ -60,138 +60,31 @@ void* Malloc(std::size_t size, int device, CudaStream stream) {
   return nullptr;  // not reached: TORCH_CHECK(false, ...) throws
 }
 
-struct PoolKey {
-  int device;
-  MempoolId id;
-  auto operator<=>(const PoolKey&) const = default;
-};
-
-std::string Describe(const PoolKey& key) {
-  return "mempool (" + std::to_string(key.id.first) + ", " + std::to_string(key.id.second) + ") of device " +
-         std::to_string(key.device);
+// The pluggable path's pools, on the allocators graphalloc_malloc serves.
+TorchPoolTable& Pools() {
+  static TorchPoolTable* table =  // never destroyed: graphs may be reset during exit
+      new TorchPoolTable([](c10::DeviceIndex device) -> graphalloc::CachingAllocator& {
+        absl::StatusOr<graphalloc::CachingAllocator*> allocator = graphalloc::DefaultAllocator(device);
+        TORCH_CHECK(allocator.ok(), "graphalloc: cannot create the allocator of CUDA device ",
+                    static_cast<int>(device), ": ", allocator.status().ToString());
+        return **allocator;
+      });
+  return *table;
 }
-
-// A PyTorch pool: its graphalloc pool, and the references PyTorch holds (beginAllocateToPool calls not yet
-// matched by releasePool). Each is one graphalloc reference taken through the C ABI.
-struct TorchPool {
-  std::uint64_t pool = 0;
-  int references = 0;
-};
-
-// An open route: graphalloc's handle and the filter it calls (owned here until the route has ended).
-struct TorchRoute {
-  std::uint64_t route = 0;
-  std::unique_ptr<StreamFilter> filter;
-};
-
-// The pool whose route the calling thread opened last: CUDAGraph.capture_begin runs the hook on the thread
-// that called it, where Python's clean-up of a failed capture (graphalloc.torch) looks it up.
-thread_local PoolKey last_begun{};
-thread_local bool has_last_begun = false;
-
-class PoolTable {
- public:
-  static PoolTable& Get() {
-    static PoolTable* table = new PoolTable();  // never destroyed: graphs may be reset during exit
-    return *table;
-  }
-
-  void Begin(const PoolKey& key, StreamFilter filter) {
-    std::lock_guard<std::mutex> lock(mu_);
-    TORCH_CHECK(!routes_.contains(key), "graphalloc: beginAllocateToPool: already routing to ",
-                Describe(key));
-    auto it = pools_.find(key);
-    std::uint64_t pool = it != pools_.end() ? it->second.pool : 0;
-    int code = it != pools_.end() ? graphalloc_pool_retain(key.device, pool)
-                                  : graphalloc_pool_create(key.device, nullptr, &pool);
-    TORCH_CHECK(code == GRAPHALLOC_OK, "graphalloc: cannot take a reference to the private pool for ",
-                Describe(key), ": ", graphalloc_last_error());
-    TorchRoute route{0, std::make_unique<StreamFilter>(std::move(filter))};
-    code = graphalloc_begin_allocate_to_pool_if(key.device, pool, &CallFilter, route.filter.get(),
-                                                /*capture_mode=*/1, &route.route);
-    if (code != GRAPHALLOC_OK) {
-      const std::string message = graphalloc_last_error();
-      (void)graphalloc_pool_release(key.device, pool);  // the reference just taken; the pool may go with it
-      TORCH_CHECK(false, "graphalloc: cannot route allocations to the private pool for ", Describe(key), ": ",
-                  message);
-    }
-    pools_[key] = TorchPool{pool, it != pools_.end() ? it->second.references + 1 : 1};
-    routes_.emplace(key, std::move(route));
-    last_begun = key;
-    has_last_begun = true;
-  }
-
-  // Never throws: PyTorch calls it from CUDAGraph::capture_end, and an error of the frees the route's end
-  // runs does not make the capture wrong.
-  void End(const PoolKey& key) {
-    TorchRoute route;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = routes_.find(key);
-      if (it == routes_.end()) {
-        std::fprintf(stderr, "graphalloc: endAllocateToPool: not routing to %s\n", Describe(key).c_str());
-        return;
-      }
-      route = std::move(it->second);
-      routes_.erase(it);
-    }
-    // Outside the lock: ending waits for filter calls under way on other threads, which never take it.
-    if (graphalloc_end_route(route.route) != GRAPHALLOC_OK) {
-      std::fprintf(stderr, "graphalloc: endAllocateToPool for %s: %s\n", Describe(key).c_str(),
-                   graphalloc_last_error());
-    }
-  }  // the filter goes now: graphalloc never calls it after graphalloc_end_route has returned
-
-  // Never throws: PyTorch calls it from CUDAGraph::reset, which destructors call.
-  void Release(const PoolKey& key) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pools_.find(key);
-    if (it == pools_.end()) {
-      std::fprintf(stderr, "graphalloc: releasePool: %s holds no reference\n", Describe(key).c_str());
-      return;
-    }
-    if (graphalloc_pool_release(key.device, it->second.pool) != GRAPHALLOC_OK) {
-      std::fprintf(stderr, "graphalloc: releasePool for %s: %s\n", Describe(key).c_str(),
-                   graphalloc_last_error());
-    }
-    if (--it->second.references == 0) pools_.erase(it);
-  }
-
-  // Whether `key` has an open route; its graphalloc pool id, if it has one.
-  bool Lookup(const PoolKey& key, bool* route_open, std::uint64_t* pool) {
-    std::lock_guard<std::mutex> lock(mu_);
-    *route_open = routes_.contains(key);
-    auto it = pools_.find(key);
-    if (it == pools_.end()) return false;
-    *pool = it->second.pool;
-    return true;
-  }
-
-  int OpenRoutes() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int>(routes_.size());
-  }
-
- private:
-  // graphalloc's predicate over PyTorch's filter. PyTorch's filter may throw (a failed CUDA call): no match.
-  static int CallFilter(void* filter, graphalloc_stream stream) {
-    try {
-      return (*static_cast<StreamFilter*>(filter))(stream) ? 1 : 0;
-    } catch (...) {
-      return 0;
-    }
-  }
-
-  std::mutex mu_;
-  std::map<PoolKey, TorchPool> pools_;
-  std::map<PoolKey, TorchRoute> routes_;
-};
 
 void BeginAllocateToPool(int device, MempoolId id, StreamFilter filter) {
-  PoolTable::Get().Begin(PoolKey{device, id}, std::move(filter));
+  const std::optional<TorchPoolKey> key = TorchPoolKeyOf(device, id);
+  TORCH_CHECK(key.has_value(), "graphalloc: beginAllocateToPool: there is no CUDA device ", device);
+  Pools().Begin(*key, std::move(filter));
 }
-void EndAllocateToPool(int device, MempoolId id) { PoolTable::Get().End(PoolKey{device, id}); }
-void ReleasePool(int device, MempoolId id) { PoolTable::Get().Release(PoolKey{device, id}); }
+// Never throws: PyTorch calls it from CUDAGraph::capture_end.
+void EndAllocateToPool(int device, MempoolId id) {
+  if (const std::optional<TorchPoolKey> key = TorchPoolKeyOf(device, id)) Pools().End(*key);
+}
+// Never throws: PyTorch calls it from CUDAGraph::reset, which destructors call.
+void ReleasePool(int device, MempoolId id) {
+  if (const std::optional<TorchPoolKey> key = TorchPoolKeyOf(device, id)) Pools().Release(*key);
+}
 
 // Compile-time proof that the functions handed to PyTorch have the types its setters call them through.
 [[maybe_unused]] constexpr MallocFn* kMalloc = &Malloc;
@@ -202,8 +95,7 @@ void ReleasePool(int device, MempoolId id) { PoolTable::Get().Release(PoolKey{de
 }  // namespace
 }  // namespace graphalloc_torch
 
-using graphalloc_torch::PoolKey;
-using graphalloc_torch::PoolTable;
+using graphalloc_torch::Pools;
 
 // CUDAPluggableAllocator's alloc function: throws on failure (see the file comment).
 GRAPHALLOC_SHIM_EXPORT void* graphalloc_torch_shim_malloc(size_t size, int device, graphalloc_stream stream) {
@@ -245,12 +137,7 @@ GRAPHALLOC_SHIM_EXPORT const char* graphalloc_torch_shim_pool_hooks_unavailable(
 // failed before PyTorch could end its route). Returns 1 and fills the outputs, or 0 if it opened none.
 GRAPHALLOC_SHIM_EXPORT int graphalloc_torch_shim_last_begun(int* device, unsigned long long* first,
                                                             unsigned long long* second) {
-  if (device == nullptr || first == nullptr || second == nullptr || !graphalloc_torch::has_last_begun)
-    return 0;
-  *device = graphalloc_torch::last_begun.device;
-  *first = graphalloc_torch::last_begun.id.first;
-  *second = graphalloc_torch::last_begun.id.second;
-  return 1;
+  return graphalloc_torch::LastBegun(Pools(), device, first, second);
 }
 
 // The graphalloc pool of a PyTorch pool: returns 1 and sets *pool (and *route_open: whether a capture
@@ -258,12 +145,7 @@ GRAPHALLOC_SHIM_EXPORT int graphalloc_torch_shim_last_begun(int* device, unsigne
 GRAPHALLOC_SHIM_EXPORT int graphalloc_torch_shim_pool_of(int device, unsigned long long first,
                                                          unsigned long long second, uint64_t* pool,
                                                          int* route_open) {
-  bool open = false;
-  std::uint64_t id = 0;
-  const bool found = PoolTable::Get().Lookup(PoolKey{device, {first, second}}, &open, &id);
-  if (route_open != nullptr) *route_open = open ? 1 : 0;
-  if (found && pool != nullptr) *pool = id;
-  return found ? 1 : 0;
+  return graphalloc_torch::RouteOf(Pools(), device, first, second, pool, route_open);
 }
 
 // After a capture failed before PyTorch ended its route (cudaStreamEndCapture raised in capture_end, so
@@ -272,13 +154,8 @@ GRAPHALLOC_SHIM_EXPORT int graphalloc_torch_shim_pool_of(int device, unsigned lo
 // ended). Without this, the allocator would stay in capture mode for good.
 GRAPHALLOC_SHIM_EXPORT void graphalloc_torch_shim_abandon(int device, unsigned long long first,
                                                           unsigned long long second, int release_reference) {
-  const PoolKey key{device, {first, second}};
-  bool open = false;
-  std::uint64_t pool = 0;
-  PoolTable::Get().Lookup(key, &open, &pool);
-  if (open) PoolTable::Get().End(key);
-  if (release_reference != 0) PoolTable::Get().Release(key);
+  graphalloc_torch::Abandon(Pools(), device, first, second, release_reference);
 }
 
 // Routes PyTorch opened and has not ended (0 when no capture is under way).
-GRAPHALLOC_SHIM_EXPORT int graphalloc_torch_shim_open_routes(void) { return PoolTable::Get().OpenRoutes(); }
+GRAPHALLOC_SHIM_EXPORT int graphalloc_torch_shim_open_routes(void) { return Pools().OpenRoutes(); }

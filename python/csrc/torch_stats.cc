@@ -1,6 +1,9 @@
 #include "python/csrc/torch_stats.h"
 
 #include <cstddef>
+#include <cstdint>
+
+#include "graphalloc/allocator/stats/stat_names.h"
 
 namespace graphalloc_torch {
 namespace {
@@ -8,50 +11,38 @@ namespace {
 using TorchStat = c10::CachingAllocator::Stat;
 using TorchStatArray = c10::CachingAllocator::StatArray;
 
-TorchStat ToTorch(const graphalloc::Stat& s) {
-  TorchStat out;
-  out.current = s.current;
-  out.peak = s.peak;
-  out.allocated = s.allocated;
-  out.freed = s.freed;
-  return out;
+void Copy(const graphalloc::Stat& from, TorchStat& to) {
+  to.current = from.current;
+  to.peak = from.peak;
+  to.allocated = from.allocated;
+  to.freed = from.freed;
 }
 
 // PyTorch's StatArray is indexed by StatType (AGGREGATE, SMALL_POOL, LARGE_POOL), in graphalloc's order.
-TorchStatArray ToTorch(const graphalloc::StatArray& a) {
-  TorchStatArray out;
+void Copy(const graphalloc::StatArray& from, TorchStatArray& to) {
   static_assert(static_cast<int>(c10::CachingAllocator::StatType::AGGREGATE) ==
                 static_cast<int>(graphalloc::StatType::kAggregate));
   static_assert(static_cast<int>(c10::CachingAllocator::StatType::SMALL_POOL) ==
                 static_cast<int>(graphalloc::StatType::kSmallPool));
   static_assert(static_cast<int>(c10::CachingAllocator::StatType::LARGE_POOL) ==
                 static_cast<int>(graphalloc::StatType::kLargePool));
-  for (std::size_t i = 0; i < a.by_type.size(); ++i) out[i] = ToTorch(a.by_type[i]);
-  return out;
+  for (std::size_t i = 0; i < from.by_type.size(); ++i) Copy(from.by_type[i], to[i]);
 }
+
+// PyTorch keeps one aggregate Stat for the oversize arrays (stat_names.h: pytorch_aggregate_only).
+void Copy(const graphalloc::StatArray& from, TorchStat& to) { Copy(from.all(), to); }
+
+void Copy(std::int64_t from, std::int64_t& to) { to = from; }
 
 }  // namespace
 
 c10::CachingDeviceAllocator::DeviceStats ToTorchStats(const graphalloc::DeviceStats& stats) {
   c10::CachingDeviceAllocator::DeviceStats out;
-  out.allocation = ToTorch(stats.allocation);
-  out.segment = ToTorch(stats.segment);
-  out.active = ToTorch(stats.active);
-  out.inactive_split = ToTorch(stats.inactive_split);
-  out.allocated_bytes = ToTorch(stats.allocated_bytes);
-  out.reserved_bytes = ToTorch(stats.reserved_bytes);
-  out.active_bytes = ToTorch(stats.active_bytes);
-  out.inactive_split_bytes = ToTorch(stats.inactive_split_bytes);
-  out.requested_bytes = ToTorch(stats.requested_bytes);
-  out.num_alloc_retries = stats.num_alloc_retries;
-  out.num_ooms = stats.num_ooms;
-  // PyTorch keeps one aggregate Stat for these two.
-  out.oversize_allocations = ToTorch(stats.oversize_allocations.all());
-  out.oversize_segments = ToTorch(stats.oversize_segments.all());
-  out.num_sync_all_streams = stats.num_sync_all_streams;
-  out.num_device_alloc = stats.num_device_alloc;
-  out.num_device_free = stats.num_device_free;
-  out.max_split_size = stats.max_split_size;
+  // Field by field through stat_names.h's list: the two structs share every field name.
+#define GRAPHALLOC_COPY_STAT(field, ...) Copy(stats.field, out.field);
+  GRAPHALLOC_STAT_ARRAYS(GRAPHALLOC_COPY_STAT)
+  GRAPHALLOC_STAT_COUNTERS(GRAPHALLOC_COPY_STAT)
+#undef GRAPHALLOC_COPY_STAT
   return out;
 }
 

@@ -84,67 +84,57 @@ def _fn_address(name: str) -> Optional[int]:
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
+def _wire_hook(native, setter: str, hook: str, native_name: str, signature, trampoline, target: str,
+               unavailable: str) -> None:
+    """Sets one of the pluggable allocator's hooks (PyTorch's `setter`, if it has one): to libgraphalloc's
+    C function `native_name` when the library exports it, else to the Python `trampoline` (a C function of
+    `signature`) calling `target`; records which in hooks()[hook]."""
+    if not hasattr(native, setter):
+        _hooks[hook] = f"unavailable in this PyTorch: {unavailable}"
+        return
+    addr = _fn_address(native_name)
+    if addr is not None:
+        getattr(native, setter)(addr)
+        _hooks[hook] = f"native {native_name}"
+        return
+    fn = signature(trampoline)
+    _keepalive.append(fn)
+    getattr(native, setter)(ctypes.cast(fn, ctypes.c_void_p).value)
+    _hooks[hook] = f"python trampoline -> {target}"
+
+
 def _wire_hooks(native) -> None:
     """Sets the pluggable allocator's C-function-pointer hooks that PyTorch exposes to Python."""
     lib = _ga.library()
 
+    def record_stream(ptr, stream):
+        # graphalloc_record_stream needs the device: try the current one, then the others.
+        for dev in _candidate_devices():
+            if lib.graphalloc_record_stream(ptr, dev, stream) == _ga.OK:
+                return
+        sys.stderr.write(f"graphalloc: record_stream({ptr:#x}): {_ga.last_error()}\n")
+
+    def reset():
+        for dev in sorted(_devices_seen | {_current_device_or_none() or 0}):
+            if lib.graphalloc_empty_cache(dev) != _ga.OK:
+                sys.stderr.write(f"graphalloc: empty_cache({dev}): {_ga.last_error()}\n")
+
+    def fraction(fraction, device):
+        _devices_seen.add(int(device))
+        if lib.graphalloc_set_memory_fraction(fraction, device) != _ga.OK:
+            sys.stderr.write(f"graphalloc: set_memory_fraction: {_ga.last_error()}\n")
+
     # record_stream: void(void* ptr, cudaStream_t stream).
-    if hasattr(native, "set_record_stream_fn"):
-        addr = _fn_address("graphalloc_torch_record_stream")
-        if addr is not None:
-            native.set_record_stream_fn(addr)
-            _hooks["record_stream"] = "native graphalloc_torch_record_stream"
-        else:
-            @ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
-            def _record_stream(ptr, stream):
-                # graphalloc_record_stream needs the device: try the current one, then the others.
-                for dev in _candidate_devices():
-                    if lib.graphalloc_record_stream(ptr, dev, stream) == _ga.OK:
-                        return
-                sys.stderr.write(f"graphalloc: record_stream({ptr:#x}): {_ga.last_error()}\n")
-            _keepalive.append(_record_stream)
-            native.set_record_stream_fn(ctypes.cast(_record_stream, ctypes.c_void_p).value)
-            _hooks["record_stream"] = "python trampoline -> graphalloc_record_stream"
-    else:
-        _hooks["record_stream"] = ("unavailable in this PyTorch: call graphalloc.torch.record_stream(t, s) "
-                                   "after t.record_stream(s)")
-
+    _wire_hook(native, "set_record_stream_fn", "record_stream", "graphalloc_torch_record_stream",
+               ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p), record_stream, "graphalloc_record_stream",
+               "call graphalloc.torch.record_stream(t, s) after t.record_stream(s)")
     # reset (emptyCache): void().
-    if hasattr(native, "set_reset_fn"):
-        addr = _fn_address("graphalloc_torch_empty_cache")
-        if addr is not None:
-            native.set_reset_fn(addr)
-            _hooks["empty_cache"] = "native graphalloc_torch_empty_cache"
-        else:
-            @ctypes.CFUNCTYPE(None)
-            def _reset():
-                for dev in sorted(_devices_seen | {_current_device_or_none() or 0}):
-                    if lib.graphalloc_empty_cache(dev) != _ga.OK:
-                        sys.stderr.write(f"graphalloc: empty_cache({dev}): {_ga.last_error()}\n")
-            _keepalive.append(_reset)
-            native.set_reset_fn(ctypes.cast(_reset, ctypes.c_void_p).value)
-            _hooks["empty_cache"] = "python trampoline -> graphalloc_empty_cache"
-    else:
-        _hooks["empty_cache"] = "unavailable in this PyTorch: call graphalloc.torch.empty_cache()"
-
+    _wire_hook(native, "set_reset_fn", "empty_cache", "graphalloc_torch_empty_cache", ctypes.CFUNCTYPE(None),
+               reset, "graphalloc_empty_cache", "call graphalloc.torch.empty_cache()")
     # memory fraction: void(double fraction, int device).
-    if hasattr(native, "set_memory_fraction_fn"):
-        addr = _fn_address("graphalloc_torch_set_memory_fraction")
-        if addr is not None:
-            native.set_memory_fraction_fn(addr)
-            _hooks["memory_fraction"] = "native graphalloc_torch_set_memory_fraction"
-        else:
-            @ctypes.CFUNCTYPE(None, ctypes.c_double, ctypes.c_int)
-            def _fraction(fraction, device):
-                _devices_seen.add(int(device))
-                if lib.graphalloc_set_memory_fraction(fraction, device) != _ga.OK:
-                    sys.stderr.write(f"graphalloc: set_memory_fraction: {_ga.last_error()}\n")
-            _keepalive.append(_fraction)
-            native.set_memory_fraction_fn(ctypes.cast(_fraction, ctypes.c_void_p).value)
-            _hooks["memory_fraction"] = "python trampoline -> graphalloc_set_memory_fraction"
-    else:
-        _hooks["memory_fraction"] = "unavailable in this PyTorch: call graphalloc.torch.set_per_process_memory_fraction()"
-
+    _wire_hook(native, "set_memory_fraction_fn", "memory_fraction", "graphalloc_torch_set_memory_fraction",
+               ctypes.CFUNCTYPE(None, ctypes.c_double, ctypes.c_int), fraction, "graphalloc_set_memory_fraction",
+               "call graphalloc.torch.set_per_process_memory_fraction()")
 
 
 # ---- libgraphalloc_torch.so: out-of-memory errors and CUDA graph pools (python/csrc/torch_shim.cc) ----
@@ -158,6 +148,16 @@ _shim_path: Optional[str] = None
 # What answers about PyTorch's pools (graphalloc_torch_shim_* functions): the shim's table on the pluggable
 # path, the backend's (through _backend_pool_table) once the backend is installed.
 _pool_table: Any = None
+_ull, _ull_p = ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_ulonglong)
+# The pool table's functions, which libgraphalloc_torch.so exports for each of its two tables with the same
+# signatures: (graphalloc_torch_shim_ name, graphalloc_torch_backend_ name, restype, argtypes).
+_POOL_TABLE_FUNCTIONS = (
+    ("last_begun", "last_begun", ctypes.c_int, [ctypes.POINTER(ctypes.c_int), _ull_p, _ull_p]),
+    ("pool_of", "route_of", ctypes.c_int,
+     [ctypes.c_int, _ull, _ull, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int)]),
+    ("abandon", "abandon", None, [ctypes.c_int, _ull, _ull, ctypes.c_int]),
+    ("open_routes", "open_routes", ctypes.c_int, []),
+)
 
 
 class GraphCaptureUnsupported(RuntimeError):
@@ -204,41 +204,29 @@ def _load_shim() -> "tuple[Optional[ctypes.CDLL], str]":
         if not hasattr(shim, name):
             return None, f"{path} does not export {name}: rebuild it from this checkout"
     # Its C++ types and ABI are those of the PyTorch it was compiled against: no other will do.
-    shim.graphalloc_torch_shim_built_for.restype = ctypes.c_char_p
-    shim.graphalloc_torch_shim_built_for.argtypes = []
+    _declare(shim, [("graphalloc_torch_shim_built_for", ctypes.c_char_p, [])])
     built_for = (shim.graphalloc_torch_shim_built_for() or b"").decode()
     import torch
     if built_for != torch.__version__:
         return None, (f"{path} was built for PyTorch {built_for or '(unknown)'}, this is {torch.__version__}: "
                       "rebuild it (cmake --build BUILD --target graphalloc_torch)")
-    shim.graphalloc_torch_shim_hook.restype = ctypes.c_void_p
-    shim.graphalloc_torch_shim_hook.argtypes = [ctypes.c_char_p]
-    shim.graphalloc_torch_shim_pool_hooks_unavailable.restype = ctypes.c_char_p
-    shim.graphalloc_torch_shim_pool_hooks_unavailable.argtypes = []
-    ull, ull_p = ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_ulonglong)
-    shim.graphalloc_torch_shim_last_begun.restype = ctypes.c_int
-    shim.graphalloc_torch_shim_last_begun.argtypes = [ctypes.POINTER(ctypes.c_int), ull_p, ull_p]
-    shim.graphalloc_torch_shim_pool_of.restype = ctypes.c_int
-    shim.graphalloc_torch_shim_pool_of.argtypes = [ctypes.c_int, ull, ull, ctypes.POINTER(ctypes.c_uint64),
-                                                   ctypes.POINTER(ctypes.c_int)]
-    shim.graphalloc_torch_shim_abandon.restype = None
-    shim.graphalloc_torch_shim_abandon.argtypes = [ctypes.c_int, ull, ull, ctypes.c_int]
-    shim.graphalloc_torch_shim_open_routes.restype = ctypes.c_int
-    shim.graphalloc_torch_shim_open_routes.argtypes = []
+    _declare(shim, [("graphalloc_torch_shim_hook", ctypes.c_void_p, [ctypes.c_char_p]),
+                    ("graphalloc_torch_shim_pool_hooks_unavailable", ctypes.c_char_p, [])])
+    _declare(shim, [(f"graphalloc_torch_shim_{name}", restype, argtypes)
+                    for name, _, restype, argtypes in _POOL_TABLE_FUNCTIONS])
     if hasattr(shim, "graphalloc_torch_backend_install"):
-        shim.graphalloc_torch_backend_install.restype = ctypes.c_int
-        shim.graphalloc_torch_backend_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-        shim.graphalloc_torch_backend_open_routes.restype = ctypes.c_int
-        shim.graphalloc_torch_backend_open_routes.argtypes = []
-        shim.graphalloc_torch_backend_last_begun.restype = ctypes.c_int
-        shim.graphalloc_torch_backend_last_begun.argtypes = [ctypes.POINTER(ctypes.c_int), ull_p, ull_p]
-        shim.graphalloc_torch_backend_route_of.restype = ctypes.c_int
-        shim.graphalloc_torch_backend_route_of.argtypes = [ctypes.c_int, ull, ull, ctypes.POINTER(ctypes.c_uint64),
-                                                           ctypes.POINTER(ctypes.c_int)]
-        shim.graphalloc_torch_backend_abandon.restype = None
-        shim.graphalloc_torch_backend_abandon.argtypes = [ctypes.c_int, ull, ull, ctypes.c_int]
+        _declare(shim, [("graphalloc_torch_backend_install", ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t])])
+        _declare(shim, [(f"graphalloc_torch_backend_{name}", restype, argtypes)
+                        for _, name, restype, argtypes in _POOL_TABLE_FUNCTIONS])
     _shim, _shim_path, _pool_table = shim, path, shim
     return shim, ""
+
+
+def _declare(lib, signatures) -> None:
+    """Sets the result and argument types of each (name, restype, argtypes) on `lib`'s function."""
+    for name, restype, argtypes in signatures:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
 
 
 def _last_begun(shim) -> Optional[tuple]:
@@ -496,11 +484,9 @@ def _install_backend(torch, shim, shim_reason: str):
 
 def _backend_pool_table(shim):
     """The backend's pool table under the shim's function names, so that one set of callers serves both."""
-    return types.SimpleNamespace(
-        graphalloc_torch_shim_open_routes=shim.graphalloc_torch_backend_open_routes,
-        graphalloc_torch_shim_last_begun=shim.graphalloc_torch_backend_last_begun,
-        graphalloc_torch_shim_pool_of=shim.graphalloc_torch_backend_route_of,
-        graphalloc_torch_shim_abandon=shim.graphalloc_torch_backend_abandon)
+    return types.SimpleNamespace(**{
+        f"graphalloc_torch_shim_{shim_name}": getattr(shim, f"graphalloc_torch_backend_{name}")
+        for shim_name, name, _, _ in _POOL_TABLE_FUNCTIONS})
 
 
 def _install_pluggable(torch, shim, shim_reason: str, patch_torch: bool, hooks: bool):

@@ -92,9 +92,12 @@ TEST(TraceActionTest, NamesRoundTrip) {
                                  "segment_map", "segment_unmap"}) {
     std::optional<TraceAction> action = ParseTraceAction(name);
     ASSERT_TRUE(action.has_value()) << name;
-    EXPECT_EQ(TraceActionName(*action), name);
+    EXPECT_EQ(HistoryActionName(*action), name);
   }
   EXPECT_FALSE(ParseTraceAction("alloc2").has_value());
+  // History events only: never a trace row.
+  EXPECT_FALSE(ParseTraceAction("oom").has_value());
+  EXPECT_FALSE(ParseTraceAction("snapshot").has_value());
   EXPECT_FALSE(ParseTraceAction("").has_value());
 }
 
