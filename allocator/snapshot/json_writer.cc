@@ -1,8 +1,7 @@
-#include "graphalloc/allocator/snapshot/json_writer.h"
-
 #include <cmath>
 #include <cstddef>
 
+#include "graphalloc/allocator/snapshot/json_writer_internal.h"
 #include "graphalloc/allocator/snapshot/snapshot_internal.h"
 
 namespace graphalloc {

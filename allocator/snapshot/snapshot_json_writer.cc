@@ -1,4 +1,4 @@
-// SnapshotToJson and the file helpers of snapshot_json.h, written with JsonWriter (json_writer.h).
+// SnapshotToJson and the file helpers of snapshot_json.h, written with JsonWriter (json_writer_internal.h).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
-#include "graphalloc/allocator/snapshot/json_writer.h"
+#include "graphalloc/allocator/snapshot/json_writer_internal.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
 #include "graphalloc/allocator/stats/stat_names.h"
 

@@ -1,8 +1,6 @@
-// JsonWriter (allocator/snapshot/json_writer.h), the writer under the snapshot JSON: numbers through
+// JsonWriter (allocator/snapshot/json_writer_internal.h), the writer under the snapshot JSON: numbers through
 // std::to_chars read back exactly (doubles in their shortest form, the int64 and uint64 extremes), whatever
 // the global locale; a snapshot with extreme values survives a JSON round trip unchanged.
-#include "graphalloc/allocator/snapshot/json_writer.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "graphalloc/allocator/snapshot/json_writer_internal.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
 #include "tests/snapshot/snapshot_fixture.h"
 

@@ -3,8 +3,8 @@
 // double is written in the shortest form that reads back to the same value. Strings are escaped and made
 // valid UTF-8 (an invalid byte becomes U+FFFD). It writes what it is told, in order: the caller places the
 // braces and brackets, and Key() the comma before each key but the first.
-#ifndef GRAPHALLOC_ALLOCATOR_SNAPSHOT_JSON_WRITER_H_
-#define GRAPHALLOC_ALLOCATOR_SNAPSHOT_JSON_WRITER_H_
+#ifndef GRAPHALLOC_ALLOCATOR_SNAPSHOT_JSON_WRITER_INTERNAL_H_
+#define GRAPHALLOC_ALLOCATOR_SNAPSHOT_JSON_WRITER_INTERNAL_H_
 
 #include <charconv>
 #include <cstdint>
@@ -51,4 +51,4 @@ class JsonWriter {
 
 }  // namespace graphalloc
 
-#endif  // GRAPHALLOC_ALLOCATOR_SNAPSHOT_JSON_WRITER_H_
+#endif  // GRAPHALLOC_ALLOCATOR_SNAPSHOT_JSON_WRITER_INTERNAL_H_
