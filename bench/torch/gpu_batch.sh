@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One bounded GPU batch, after building (see ../shared/gpu/README.md), from the project root:
+# One bounded GPU batch, after building (README, "Testing": the GPU machine), from the project root:
 #
 #   bash bench/torch/gpu_batch.sh BUILD_DIR OUT_DIR
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine (see ../shared/gpu/README.md), from the project root: builds libgraphalloc.so and the
+# On the GPU machine (README, "Testing"), from the project root: builds libgraphalloc.so and the
 # CLI, runs the PyTorch tests (ctest -L torch) and/or the allocator comparison. Results under ${OUT:-out}.
 #   bench/torch/run_on_gpu.sh [tests] [bench] [probe]
 set -uo pipefail
