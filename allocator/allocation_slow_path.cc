@@ -190,55 +190,52 @@ void CachingAllocator::AccountPoolReserved(const Segment* segment, std::int64_t 
 
 absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
     bool only_oversize, std::size_t wanted, PoolId scope) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // Candidates from every shard, chosen with all of them locked so that the choice is coherent.
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  std::vector<Block*> candidates;
-  ForEachShard([&](StreamShard* shard) {
-    if (!Releasable(shard, scope)) return;
-    FlushQuickCache(*shard);
-    for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
-      if (only_oversize && pool->is_small) continue;
-      for (const FreeKey& key : pool->blocks) {
-        Block* b = key.block;
-        if (b->IsSplit() || b->segment->expandable) continue;
-        if (only_oversize && b->size < config_.max_split_size) continue;
-        candidates.push_back(b);
-      }
-    }
-  });
-  bool enough = true;
-  if (only_oversize) {
-    // One block that covers the need if there is one (the smallest such), else the largest first.
-    std::sort(candidates.begin(), candidates.end(), [](Block* a, Block* b) { return a->size < b->size; });
-    auto fit =
-        std::find_if(candidates.begin(), candidates.end(), [&](Block* b) { return b->size >= wanted; });
-    if (fit != candidates.end()) {
-      candidates = {*fit};
-    } else {
-      std::reverse(candidates.begin(), candidates.end());
-      std::size_t total = 0;
-      std::size_t n = 0;
-      while (n < candidates.size() && total < wanted) total += candidates[n++]->size;
-      enough = total >= wanted;
-      candidates.resize(n);
-    }
-  }
   std::vector<Segment*> victims;
   std::size_t freed = 0;
-  if (enough) {
-    device_mu_.Lock();
-    for (Block* b : candidates) {
-      b->segment->pool->Erase(b);
-      ++b->segment->shard->blocks_in_release;
-      UnlinkSegment(b->segment);
-      victims.push_back(b->segment);
-      freed += b->size;
+  {
+    // Candidates from every shard, chosen with all of them locked so that the choice is coherent.
+    AllShardsLock lock(shards_, device_mu_);
+    std::vector<Block*> candidates;
+    lock.ForEach([&](StreamShard* shard) {
+      if (!Releasable(shard, scope)) return;
+      FlushQuickCache(*shard);
+      for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
+        if (only_oversize && pool->is_small) continue;
+        for (const FreeKey& key : pool->blocks) {
+          Block* b = key.block;
+          if (b->IsSplit() || b->segment->expandable) continue;
+          if (only_oversize && b->size < config_.max_split_size) continue;
+          candidates.push_back(b);
+        }
+      }
+    });
+    bool enough = true;
+    if (only_oversize) {
+      // One block that covers the need if there is one (the smallest such), else the largest first.
+      std::sort(candidates.begin(), candidates.end(), [](Block* a, Block* b) { return a->size < b->size; });
+      auto fit =
+          std::find_if(candidates.begin(), candidates.end(), [&](Block* b) { return b->size >= wanted; });
+      if (fit != candidates.end()) {
+        candidates = {*fit};
+      } else {
+        std::reverse(candidates.begin(), candidates.end());
+        std::size_t total = 0;
+        std::size_t n = 0;
+        while (n < candidates.size() && total < wanted) total += candidates[n++]->size;
+        enough = total >= wanted;
+        candidates.resize(n);
+      }
     }
-    device_mu_.Unlock();
+    if (enough) {
+      for (Block* b : candidates) {
+        b->segment->pool->Erase(b);
+        ++b->segment->shard->blocks_in_release;
+        UnlinkSegment(b->segment);
+        victims.push_back(b->segment);
+        freed += b->size;
+      }
+    }
   }
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   if (!only_oversize) {
     // Expandable segments give back their free pages wherever they are (never counted as oversize).
@@ -291,43 +288,40 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
     if (reserved <= threshold) return std::size_t{0};
     target = static_cast<std::size_t>(reserved - threshold);
   }
-  // Free the oldest unsplit large blocks first: those at least as old as the mean, repeatedly.
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   std::vector<Segment*> victims;
   std::size_t freed = 0;
-  while (freed < target) {
-    std::vector<Block*> candidates;
-    double total_age = 0;
-    ForEachShard([&](StreamShard* shard) {
-      if (!Releasable(shard, kDefaultPool)) return;
-      FlushQuickCache(*shard);
-      const BlockPool& pool = shard->large_pool;
-      for (const FreeKey& key : pool.blocks) {
-        if (key.block->IsSplit() || key.block->segment->expandable) continue;
-        candidates.push_back(key.block);
-        total_age += static_cast<double>(pool.free_block_lookups - key.block->gc_count_base);
+  {
+    // Free the oldest unsplit large blocks first: those at least as old as the mean, repeatedly.
+    AllShardsLock lock(shards_, device_mu_);
+    while (freed < target) {
+      std::vector<Block*> candidates;
+      double total_age = 0;
+      lock.ForEach([&](StreamShard* shard) {
+        if (!Releasable(shard, kDefaultPool)) return;
+        FlushQuickCache(*shard);
+        const BlockPool& pool = shard->large_pool;
+        for (const FreeKey& key : pool.blocks) {
+          if (key.block->IsSplit() || key.block->segment->expandable) continue;
+          candidates.push_back(key.block);
+          total_age += static_cast<double>(pool.free_block_lookups - key.block->gc_count_base);
+        }
+      });
+      if (candidates.empty()) break;
+      const double mean_age = total_age / static_cast<double>(candidates.size());
+      std::size_t freed_now = 0;
+      for (Block* b : candidates) {
+        BlockPool& pool = *b->segment->pool;
+        if (static_cast<double>(pool.free_block_lookups - b->gc_count_base) < mean_age) continue;
+        pool.Erase(b);
+        ++b->segment->shard->blocks_in_release;
+        UnlinkSegment(b->segment);
+        victims.push_back(b->segment);
+        freed_now += b->size;
       }
-    });
-    if (candidates.empty()) break;
-    const double mean_age = total_age / static_cast<double>(candidates.size());
-    std::size_t freed_now = 0;
-    device_mu_.Lock();
-    for (Block* b : candidates) {
-      BlockPool& pool = *b->segment->pool;
-      if (static_cast<double>(pool.free_block_lookups - b->gc_count_base) < mean_age) continue;
-      pool.Erase(b);
-      ++b->segment->shard->blocks_in_release;
-      UnlinkSegment(b->segment);
-      victims.push_back(b->segment);
-      freed_now += b->size;
+      if (freed_now == 0) break;
+      freed += freed_now;
     }
-    device_mu_.Unlock();
-    if (freed_now == 0) break;
-    freed += freed_now;
   }
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   return freed;
 }

@@ -28,72 +28,70 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label,
   snapshot.device = DeviceDescription{info.ordinal, info.name, info.total_memory, info.granularity};
   snapshot.config = config_.ToString();
 
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
-  ForEachShard([&](StreamShard* s) { AddBlockStats(snapshot.stats, s->stats); });
-  CopySegmentStats(snapshot.stats, device_stats_);
-  snapshot.segments.reserve(segments_.size());
-  for (const auto& [base, segment] : segments_) {
-    SegmentSnapshot& out = snapshot.segments.emplace_back();
-    out.address = segment->base;
-    out.total_size = segment->size;
-    out.stream = static_cast<std::uint64_t>(segment->stream);
-    out.pool_id = segment->shard->pool != nullptr ? segment->shard->pool->id : kDefaultPool;
-    out.kind = segment->pool->is_small ? SegmentKind::kSmall : SegmentKind::kLarge;
-    out.expandable = segment->expandable;
-    if (segment->vmm != nullptr) {
-      for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
-        const std::uint64_t offset = ptr - segment->base;
-        const DevicePtr at = ptr;  // clang 14 cannot capture structured bindings
-        const bool accessible = std::none_of(quarantine_.begin(), quarantine_.end(),
-                                             [at](const QuarantinedChunk& q) { return q.chunk.ptr == at; });
-        if (!out.mapped.empty() && out.mapped.back().offset + out.mapped.back().size == offset &&
-            out.mapped.back().accessible == accessible) {
-          out.mapped.back().size += chunk.size;
-        } else {
-          out.mapped.push_back({offset, chunk.size, accessible});
+  {
+    AllShardsLock lock(shards_, device_mu_);
+    lock.ForEach([&](StreamShard* s) { AddBlockStats(snapshot.stats, s->stats); });
+    CopySegmentStats(snapshot.stats, device_stats_);
+    snapshot.segments.reserve(segments_.size());
+    for (const auto& [base, segment] : segments_) {
+      SegmentSnapshot& out = snapshot.segments.emplace_back();
+      out.address = segment->base;
+      out.total_size = segment->size;
+      out.stream = static_cast<std::uint64_t>(segment->stream);
+      out.pool_id = segment->shard->pool != nullptr ? segment->shard->pool->id : kDefaultPool;
+      out.kind = segment->pool->is_small ? SegmentKind::kSmall : SegmentKind::kLarge;
+      out.expandable = segment->expandable;
+      if (segment->vmm != nullptr) {
+        for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
+          const std::uint64_t offset = ptr - segment->base;
+          const DevicePtr at = ptr;  // clang 14 cannot capture structured bindings
+          const bool accessible = std::none_of(quarantine_.begin(), quarantine_.end(),
+                                               [at](const QuarantinedChunk& q) { return q.chunk.ptr == at; });
+          if (!out.mapped.empty() && out.mapped.back().offset + out.mapped.back().size == offset &&
+              out.mapped.back().accessible == accessible) {
+            out.mapped.back().size += chunk.size;
+          } else {
+            out.mapped.push_back({offset, chunk.size, accessible});
+          }
         }
       }
-    }
-    for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      // Adjacent free blocks exist only while one of them is parked in the quick cache; they are shown
-      // merged, as coalescing leaves them and as the statistics count them. (Merging them here would change
-      // later allocation decisions: a snapshot must not.)
-      if (StateOf(b) == BlockState::kFree && !out.blocks.empty() &&
-          out.blocks.back().state == BlockState::kFree) {
-        out.blocks.back().size += b->size;
-        continue;
+      for (const Block* b = segment->head; b != nullptr; b = b->next) {
+        // Adjacent free blocks exist only while one of them is parked in the quick cache; they are shown
+        // merged, as coalescing leaves them and as the statistics count them. (Merging them here would change
+        // later allocation decisions: a snapshot must not.)
+        if (StateOf(b) == BlockState::kFree && !out.blocks.empty() &&
+            out.blocks.back().state == BlockState::kFree) {
+          out.blocks.back().size += b->size;
+          continue;
+        }
+        BlockSnapshot& block = out.blocks.emplace_back();
+        block.address = b->ptr;
+        block.size = b->size;
+        block.requested_size = b->allocated ? b->requested_size : 0;
+        block.state = StateOf(b);
+        block.stream = static_cast<std::uint64_t>(b->stream());
       }
-      BlockSnapshot& block = out.blocks.emplace_back();
-      block.address = b->ptr;
-      block.size = b->size;
-      block.requested_size = b->allocated ? b->requested_size : 0;
-      block.state = StateOf(b);
-      block.stream = static_cast<std::uint64_t>(b->stream());
+    }
+    // Pool 0 carries the device's totals (private pools included, as PyTorch's memory_stats does); each
+    // private pool follows with its own figures.
+    PoolSnapshot& pool = snapshot.pools.emplace_back();
+    pool.id = 0;
+    pool.reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().current);
+    pool.allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().current);
+    pool.peak_reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().peak);
+    pool.peak_allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().peak);
+    for (const auto& [id, state] : pools_) {
+      PoolSnapshot& p = snapshot.pools.emplace_back();
+      p.id = id;
+      p.use_count =
+          state->users.load(std::memory_order_relaxed) + state->pins.load(std::memory_order_relaxed);
+      p.reserved_bytes = static_cast<std::uint64_t>(state->reserved_bytes);
+      p.peak_reserved_bytes = static_cast<std::uint64_t>(state->peak_reserved_bytes);
+      p.allocated_bytes = static_cast<std::uint64_t>(state->allocated_bytes.load(std::memory_order_relaxed));
+      p.peak_allocated_bytes =
+          static_cast<std::uint64_t>(state->peak_allocated_bytes.load(std::memory_order_relaxed));
     }
   }
-  // Pool 0 carries the device's totals (private pools included, as PyTorch's memory_stats does); each
-  // private pool follows with its own figures.
-  PoolSnapshot& pool = snapshot.pools.emplace_back();
-  pool.id = 0;
-  pool.reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().current);
-  pool.allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().current);
-  pool.peak_reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().peak);
-  pool.peak_allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().peak);
-  for (const auto& [id, state] : pools_) {
-    PoolSnapshot& p = snapshot.pools.emplace_back();
-    p.id = id;
-    p.use_count = state->users.load(std::memory_order_relaxed) + state->pins.load(std::memory_order_relaxed);
-    p.reserved_bytes = static_cast<std::uint64_t>(state->reserved_bytes);
-    p.peak_reserved_bytes = static_cast<std::uint64_t>(state->peak_reserved_bytes);
-    p.allocated_bytes = static_cast<std::uint64_t>(state->allocated_bytes.load(std::memory_order_relaxed));
-    p.peak_allocated_bytes =
-        static_cast<std::uint64_t>(state->peak_allocated_bytes.load(std::memory_order_relaxed));
-  }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
 
   history_.ExportTo(&snapshot);
   // The snapshot's own event, with the active bytes it saw, goes after the history it holds, so that its

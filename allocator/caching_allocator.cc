@@ -84,7 +84,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // may still use the memory that is about to be unmapped and freed.
   (void)driver_->DeviceSynchronize();
   std::vector<Event> events;
-  ForEachShard([&](StreamShard* shard) {
+  shards_.ForEach([&](StreamShard* shard) {
     for (auto& [stream, queue] : shard->pending_events) {
       for (const PendingEvent& p : queue) events.push_back(p.event);
     }
@@ -107,18 +107,6 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     delete segment;
   }
   for (const ChunkPlacement& h : handle_cache_.TakeAll()) (void)driver_->MemRelease(h.handle);
-  ForEachShard([](StreamShard* shard) { delete shard; });
-}
-
-StreamShard* CachingAllocator::FindShard(PoolId pool, Stream stream) const {
-  StreamShard* found = nullptr;
-  ForEachShard([&](StreamShard* s) {
-    if (found == nullptr && s->key_stream.load(std::memory_order_acquire) == stream &&
-        s->key_pool.load(std::memory_order_acquire) == pool) {
-      found = s;
-    }
-  });
-  return found;
 }
 
 StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
@@ -127,11 +115,11 @@ StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
       cache.shard->generation.load(std::memory_order_acquire) == cache.generation) {
     return cache.shard;
   }
-  StreamShard* found = FindShard(pool, stream);
+  StreamShard* found = shards_.Find(pool, stream);
   if (found == nullptr) {
-    MutexLock set_lock(&shard_set_mu_);  // not while another thread has every shard locked
+    MutexLock set_lock(&shards_.set_mu());  // not while another thread has every shard locked
     MutexLock lock(&device_mu_);
-    found = FindShard(pool, stream);
+    found = shards_.Find(pool, stream);
     if (found == nullptr) {
       PoolState* state = nullptr;
       if (pool != kDefaultPool) {
@@ -139,22 +127,8 @@ StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
         if (it == pools_.end()) return nullptr;
         state = it->second.get();
       }
-      if (!retired_shards_.empty()) {
-        // A shard of a released pool: empty, and unknown to every lookup until re-keyed here.
-        found = retired_shards_.back();
-        retired_shards_.pop_back();
-        SpinLockHolder shard_lock(&found->mu);
-        found->stream = stream;
-        found->pool = state;
-        found->key_stream.store(stream, std::memory_order_release);
-        found->key_pool.store(pool, std::memory_order_release);
-      } else {
-        const std::size_t n = shard_count_.load(std::memory_order_relaxed);
-        if (n == kMaxShards) return nullptr;
-        found = new StreamShard(stream, state);
-        shards_[n].store(found, std::memory_order_release);
-        shard_count_.store(n + 1, std::memory_order_release);
-      }
+      found = shards_.Add(pool, stream, state);
+      if (found == nullptr) return nullptr;
     }
   }
   cache = ShardCache{id_, pool, stream, found, found->generation.load(std::memory_order_acquire)};
@@ -174,7 +148,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
     return absl::ResourceExhaustedError(absl::StrFormat(
         "Allocate on stream 0x%x: this allocator already serves %d (pool, stream) pairs, its maximum; reuse "
         "streams (a stream pool) instead of creating one per operation",
-        static_cast<std::uintptr_t>(stream), kMaxShards));
+        static_cast<std::uintptr_t>(stream), ShardTable::kMaxShards));
   }
   // Event queries are illegal while a capture is underway: they wait for the capture to end.
   if (shard->pending_event_count.load(std::memory_order_relaxed) > 0 &&
@@ -349,7 +323,7 @@ StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
   StreamShard* guess = tls_shard.allocator_id == id_ ? tls_shard.shard : nullptr;
   if (guess != nullptr && try_shard(guess)) return guess;
   StreamShard* owner = nullptr;
-  ForEachShard([&](StreamShard* shard) {
+  shards_.ForEach([&](StreamShard* shard) {
     if (owner == nullptr && shard != guess && try_shard(shard)) owner = shard;
   });
   return owner;
@@ -556,36 +530,34 @@ absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_N
 
 absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
                                                    DevicePtr ptr) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // The error path may look at every shard: lock them all, in the lock order.
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
   std::string message;
-  auto it = segments_.upper_bound(ptr);
-  if (it != segments_.begin()) {
-    const Segment* segment = std::prev(it)->second;
-    if (ptr < segment->base + segment->size) {
-      for (const Block* b = segment->head; b != nullptr && message.empty(); b = b->next) {
-        if (b->ptr == ptr && !b->allocated) {
-          message = absl::StrFormat(
-              "%s(0x%x): double free: the block at this address is not allocated (it was freed already); "
-              "every other allocation is unchanged",
-              operation, ptr);
-        } else if (b->ptr == ptr && b->freeing) {
-          message = absl::StrFormat("%s(0x%x): double free: another Free() of this block is in progress",
-                                    operation, ptr);
-        } else if (ptr > b->ptr && ptr < b->end()) {
-          message = absl::StrFormat(
-              "%s(0x%x): pointer is inside the %s block at 0x%x (%d bytes), not its start; pass the address "
-              "Allocate() returned",
-              operation, ptr, b->allocated ? "allocated" : "free", b->ptr, b->size);
+  {
+    // The error path may look at every shard: lock them all, in the lock order.
+    AllShardsLock lock(shards_, device_mu_);
+    auto it = segments_.upper_bound(ptr);
+    if (it != segments_.begin()) {
+      const Segment* segment = std::prev(it)->second;
+      if (ptr < segment->base + segment->size) {
+        for (const Block* b = segment->head; b != nullptr && message.empty(); b = b->next) {
+          if (b->ptr == ptr && !b->allocated) {
+            message = absl::StrFormat(
+                "%s(0x%x): double free: the block at this address is not allocated (it was freed already); "
+                "every other allocation is unchanged",
+                operation, ptr);
+          } else if (b->ptr == ptr && b->freeing) {
+            message = absl::StrFormat("%s(0x%x): double free: another Free() of this block is in progress",
+                                      operation, ptr);
+          } else if (ptr > b->ptr && ptr < b->end()) {
+            message = absl::StrFormat(
+                "%s(0x%x): pointer is inside the %s block at 0x%x (%d bytes), not its start; pass the "
+                "address "
+                "Allocate() returned",
+                operation, ptr, b->allocated ? "allocated" : "free", b->ptr, b->size);
+          }
         }
       }
     }
   }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   if (message.empty()) {
     message = absl::StrFormat(
         "%s(0x%x): unknown pointer: it was not returned by this allocator (device %d); every other "
@@ -598,7 +570,7 @@ absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
 
 DeviceStats CachingAllocator::GetStats() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   DeviceStats out;
-  ForEachShard([&](StreamShard* shard) {
+  shards_.ForEach([&](StreamShard* shard) {
     SpinLockHolder lock(&shard->mu);
     AddBlockStats(out, shard->stats);
   });
@@ -608,7 +580,7 @@ DeviceStats CachingAllocator::GetStats() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 void CachingAllocator::ResetPeakStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  ForEachShard([](StreamShard* shard) {
+  shards_.ForEach([](StreamShard* shard) {
     SpinLockHolder lock(&shard->mu);
     shard->stats.ResetPeak();
   });
@@ -617,7 +589,7 @@ void CachingAllocator::ResetPeakStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
 }
 
 void CachingAllocator::ResetAccumulatedStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  ForEachShard([](StreamShard* shard) {
+  shards_.ForEach([](StreamShard* shard) {
     SpinLockHolder lock(&shard->mu);
     shard->stats.ResetAccumulated();
   });

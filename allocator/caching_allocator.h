@@ -39,6 +39,7 @@
 #include "graphalloc/allocator/pool_checkpoint.h"
 #include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/segment_source.h"
+#include "graphalloc/allocator/shard_table.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "graphalloc/allocator/stats/stats.h"
 #include "graphalloc/allocator/stream_shard.h"
@@ -140,23 +141,12 @@ class CachingAllocator {
   friend class PrivatePool;
   friend class PoolRoute;
   friend class GraphPin;
-  // (pool, stream) pairs served at once; shards of released pools are reused.
-  static constexpr std::size_t kMaxShards = 4096;
-
   CachingAllocator(std::shared_ptr<Driver> driver, Config config);
 
   // ---- Shards (caching_allocator.cc). ----
-  // The shard of (`pool`, `stream`), created on first use; nullptr past kMaxShards or when the pool is
-  // gone.
+  // The shard of (`pool`, `stream`), created on first use; nullptr past ShardTable::kMaxShards or when the
+  // pool is gone.
   StreamShard* ShardFor(PoolId pool, Stream stream);
-  // The existing shard of (`pool`, `stream`) or nullptr; never creates one.
-  StreamShard* FindShard(PoolId pool, Stream stream) const;
-  // Runs f(shard) on each shard in creation order (the lock order), without locking it.
-  template <typename F>
-  void ForEachShard(F f) const {
-    const std::size_t n = shard_count_.load(std::memory_order_acquire);
-    for (std::size_t i = 0; i < n; ++i) f(shards_[i].load(std::memory_order_acquire));
-  }
 
   // ---- Hot path (caching_allocator.cc). ----
   Block* TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size)
@@ -313,15 +303,10 @@ class CachingAllocator {
   // Allocation history; recording is lock-free and may happen with any lock held.
   mutable HistoryRing history_;
 
-  // Shards: appended under device_mu_, never removed before destruction, read without a lock.
-  std::array<std::atomic<StreamShard*>, kMaxShards> shards_{};
-  std::atomic<std::size_t> shard_count_{0};
-
-  // Held across every lock-every-shard sequence and while a shard is created (or a retired one re-keyed), so
-  // that such a sequence locks, works on and unlocks one fixed set of shards. Lock order: this, then shards
-  // (in creation order), then device_mu_.
-  mutable Mutex shard_set_mu_;
-  // Device-wide state, touched only on the slow path. Lock order: shards (in creation order), then this.
+  // Every stream shard; AllShardsLock locks them all (shard_table.h).
+  ShardTable shards_;
+  // Device-wide state, touched only on the slow path. Lock order: the shard set, shards (in creation
+  // order), then this.
   mutable Mutex device_mu_;
   absl::btree_map<DevicePtr, Segment*> segments_ ABSL_GUARDED_BY(device_mu_);
   DeviceStats device_stats_
@@ -347,10 +332,9 @@ class CachingAllocator {
   std::vector<QuarantinedChunk> quarantine_ ABSL_GUARDED_BY(device_mu_);
   std::atomic<std::size_t> quarantined_{0};  // quarantine_.size(), read without the lock
 
-  // Private pools, and the shards of released ones waiting for reuse.
+  // Private pools.
   absl::btree_map<PoolId, std::unique_ptr<PoolState>> pools_ ABSL_GUARDED_BY(device_mu_);
   PoolId next_pool_id_ ABSL_GUARDED_BY(device_mu_) = 1;
-  std::vector<StreamShard*> retired_shards_ ABSL_GUARDED_BY(device_mu_);
   // Open routes (innermost last) and frees deferred until no capture route is open. A leaf lock: nothing
   // else is locked while it is held, except shard locks taken before it.
   mutable Mutex routes_mu_;

@@ -591,18 +591,16 @@ absl::Status CachingAllocator::EnablePeerAccess(int peer_ordinal) ABSL_NO_THREAD
   if (absl::Status s = driver_->EnablePeerAccess(peer_ordinal); !s.ok()) return s;
   std::vector<ChunkPlacement> chunks;
   std::vector<int> peers;
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
-  if (std::find(peers_.begin(), peers_.end(), peer_ordinal) == peers_.end()) peers_.push_back(peer_ordinal);
-  peers = peers_;
-  for (const auto& [base, segment] : segments_) {
-    if (segment->vmm == nullptr) continue;
-    for (const auto& [ptr, chunk] : segment->vmm->chunks()) chunks.push_back({ptr, chunk.size, chunk.handle});
+  {
+    AllShardsLock lock(shards_, device_mu_);
+    if (std::find(peers_.begin(), peers_.end(), peer_ordinal) == peers_.end()) peers_.push_back(peer_ordinal);
+    peers = peers_;
+    for (const auto& [base, segment] : segments_) {
+      if (segment->vmm == nullptr) continue;
+      for (const auto& [ptr, chunk] : segment->vmm->chunks())
+        chunks.push_back({ptr, chunk.size, chunk.handle});
+    }
   }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   for (const ChunkPlacement& c : chunks) {
     if (absl::Status s = driver_->MemSetAccess(c.ptr, c.size, peers); !s.ok()) return s;
   }

@@ -76,29 +76,26 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   const std::size_t gran = driver_->Info().granularity;
   std::vector<Job> jobs;
   std::vector<ChunkPlacement> cached;
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  ForEachShard([&](StreamShard* shard) {
-    if (!Releasable(shard, scope)) return;
-    FlushQuickCache(*shard);
-    for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
-      std::vector<Block*> candidates;
-      for (auto it = pool->LowerBound(gran); it != pool->blocks.end(); ++it) {
-        if (it->block->segment->expandable) candidates.push_back(it->block);
+  {
+    AllShardsLock lock(shards_, device_mu_);
+    lock.ForEach([&](StreamShard* shard) {
+      if (!Releasable(shard, scope)) return;
+      FlushQuickCache(*shard);
+      for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
+        std::vector<Block*> candidates;
+        for (auto it = pool->LowerBound(gran); it != pool->blocks.end(); ++it) {
+          if (it->block->segment->expandable) candidates.push_back(it->block);
+        }
+        for (Block* b : candidates) {
+          std::vector<ChunkPlacement> chunks = b->segment->vmm->ChunksWithin(b->ptr, b->end());
+          if (chunks.empty()) continue;
+          Block* mid = CarveRange(*shard, b, chunks.front().ptr, chunks.back().ptr + chunks.back().size);
+          jobs.push_back({shard, mid, std::move(chunks), {}});
+        }
       }
-      for (Block* b : candidates) {
-        std::vector<ChunkPlacement> chunks = b->segment->vmm->ChunksWithin(b->ptr, b->end());
-        if (chunks.empty()) continue;
-        Block* mid = CarveRange(*shard, b, chunks.front().ptr, chunks.back().ptr + chunks.back().size);
-        jobs.push_back({shard, mid, std::move(chunks), {}});
-      }
-    }
-  });
-  device_mu_.Lock();
-  cached = handle_cache_.TakeAll();
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
+    });
+    cached = handle_cache_.TakeAll();
+  }
 
   // Work queued before the blocks were freed may still use them: an unmap is not stream-ordered, so the
   // device finishes that work first (as PyTorch does before it unmaps). Without that, nothing is unmapped;
@@ -134,33 +131,30 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
 
   std::size_t unmapped = 0;
   std::vector<Segment*> empty;
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
-  for (const ChunkPlacement& h : kept) handle_cache_.Put(h.size, h.handle);
-  for (Job& job : jobs) {
-    for (std::size_t i = 0; i < job.chunks.size(); ++i) {
-      if (job.still_mapped[i]) continue;
-      AccountUnmapped(job.block->segment, job.chunks[i]);
-      unmapped += job.chunks[i].size;
+  {
+    AllShardsLock lock(shards_, device_mu_);
+    for (const ChunkPlacement& h : kept) handle_cache_.Put(h.size, h.handle);
+    for (Job& job : jobs) {
+      for (std::size_t i = 0; i < job.chunks.size(); ++i) {
+        if (job.still_mapped[i]) continue;
+        AccountUnmapped(job.block->segment, job.chunks[i]);
+        unmapped += job.chunks[i].size;
+      }
+      SettleInFlight(*job.shard, job.block, job.chunks, job.still_mapped);
     }
-    SettleInFlight(*job.shard, job.block, job.chunks, job.still_mapped);
+    // Reservations left wholly unmapped go back to the device.
+    for (const auto& [base, segment] : segments_) {
+      const Block* head = segment->head;
+      if (segment->vmm == nullptr || head->next != nullptr || head->mapped || head->in_flight) continue;
+      if (!Releasable(segment->shard, scope)) continue;
+      empty.push_back(segment);
+    }
+    for (Segment* segment : empty) {
+      segment->pool->unmapped.erase(segment->head->ptr);
+      segments_.erase(segment->base);
+      ++segment->shard->blocks_in_release;
+    }
   }
-  // Reservations left wholly unmapped go back to the device.
-  for (const auto& [base, segment] : segments_) {
-    const Block* head = segment->head;
-    if (segment->vmm == nullptr || head->next != nullptr || head->mapped || head->in_flight) continue;
-    if (!Releasable(segment->shard, scope)) continue;
-    empty.push_back(segment);
-  }
-  for (Segment* segment : empty) {
-    segment->pool->unmapped.erase(segment->head->ptr);
-    segments_.erase(segment->base);
-    ++segment->shard->blocks_in_release;
-  }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
 
   for (Segment* segment : empty) {
     absl::Status s = driver_->AddressFree(segment->base, segment->size);

@@ -75,9 +75,7 @@ absl::Status CompareArrays(absl::string_view scope, const DeviceStats& tracked, 
 }  // namespace
 
 absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
+  AllShardsLock lock(shards_, device_mu_);
   absl::flat_hash_map<const StreamShard*, ShardExpectation> expected;
   DeviceStats device_expected;
   absl::Status status = [&]() -> absl::Status {
@@ -306,7 +304,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
       return s;
     }
     absl::Status shard_status;
-    ForEachShard([&](StreamShard* shard) {
+    lock.ForEach([&](StreamShard* shard) {
       if (!shard_status.ok()) return;
       const ShardExpectation& e = expected[shard];
       const std::string scope = absl::StrFormat("stream 0x%x", static_cast<std::uintptr_t>(shard->stream));
@@ -346,9 +344,6 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
     if (!shard_status.ok()) return shard_status;
     return CheckPoolInvariants();
   }();
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   return status;
 }
 

@@ -209,9 +209,7 @@ absl::Status CachingAllocator::MaybeReleasePool(PoolId id) ABSL_NO_THREAD_SAFETY
   absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0, id);
   if (!freed.ok()) return freed.status();
   // Forget the pool if nothing of it is left (else a later EmptyCache finishes the job).
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
+  AllShardsLock lock(shards_, device_mu_);
   auto it = pools_.find(id);
   bool empty = it != pools_.end() && it->second->orphaned.load(std::memory_order_acquire) &&
                it->second->live_blocks.load(std::memory_order_acquire) == 0;
@@ -221,7 +219,7 @@ absl::Status CachingAllocator::MaybeReleasePool(PoolId id) ABSL_NO_THREAD_SAFETY
     }
   }
   if (empty) {
-    ForEachShard([&](StreamShard* shard) {
+    lock.ForEach([&](StreamShard* shard) {
       if (shard->pool != it->second.get()) return;
       if (shard->arena.live() != 0 || shard->pending_event_count.load(std::memory_order_relaxed) != 0 ||
           shard->blocks_in_release != 0) {
@@ -230,24 +228,18 @@ absl::Status CachingAllocator::MaybeReleasePool(PoolId id) ABSL_NO_THREAD_SAFETY
     });
   }
   if (empty) {
-    ForEachShard([&](StreamShard* shard) {
+    lock.ForEach([&](StreamShard* shard) {
       if (shard->pool != it->second.get()) return;
-      shard->key_pool.store(kRetiredPool, std::memory_order_release);
-      shard->generation.fetch_add(1, std::memory_order_acq_rel);
-      shard->pool = nullptr;
-      retired_shards_.push_back(shard);
+      shards_.Retire(shard);
     });
     pools_.erase(it);
   }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   return absl::OkStatus();
 }
 
 std::vector<StreamShard*> CachingAllocator::LockPoolShards(PoolId pool) const {
   std::vector<StreamShard*> shards;
-  ForEachShard([&](StreamShard* s) {
+  shards_.ForEach([&](StreamShard* s) {
     if (s->key_pool.load(std::memory_order_acquire) != pool) return;
     s->mu.Lock();
     // Re-keyed between the check and the lock: not ours after all.
@@ -280,7 +272,7 @@ absl::Status CachingAllocator::CheckPoolInvariants() const {
     std::int64_t allocated = 0;
     std::int64_t live = 0;
     const auto* this_pool = pool.get();  // clang 14 cannot capture structured bindings
-    ForEachShard([&](StreamShard* shard) {
+    shards_.ForEach([&](StreamShard* shard) {
       if (shard->pool != this_pool) return;
       for (const auto& [base, segment] : segments_) {
         if (segment->shard != shard) continue;

@@ -182,7 +182,7 @@ DevicePtr CachingAllocator::AllocateFromOomPools(Stream stream, std::size_t size
     }
   }
   for (PoolId id : candidates) {
-    StreamShard* shard = FindShard(id, stream);
+    StreamShard* shard = shards_.Find(id, stream);
     if (shard == nullptr) continue;
     SpinLockHolder lock(&shard->mu);
     if (shard->pool == nullptr || shard->pool->id != id) continue;  // released meanwhile

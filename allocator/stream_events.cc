@@ -113,7 +113,7 @@ absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
     PendingEvent pending;
   };
   std::vector<Waiting> all;
-  ForEachShard([&](StreamShard* shard) {
+  shards_.ForEach([&](StreamShard* shard) {
     SpinLockHolder lock(&shard->mu);
     for (auto& [stream, queue] : shard->pending_events) {
       for (const PendingEvent& p : queue) all.push_back({shard, stream, p});
