@@ -35,10 +35,10 @@ class RelaxedCaptureMode {
 
 }  // namespace
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std::size_t size,
-                                                         std::size_t requested) {
-  if (captures_underway_.load(std::memory_order_acquire) > 0)
-    return AllocateDuringCapture(shard, size, requested);
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard,
+                                                         const AllocationRequest& request) {
+  if (captures_underway_.load(std::memory_order_acquire) > 0) return AllocateDuringCapture(shard, request);
+  const std::size_t size = request.size;
   // Another thread may have freed a fitting block since the fast path looked, and the quick cache may hold
   // blocks that merge into one that fits: each step below retries the cache before asking for more.
   auto from_cache = [&]() -> DevicePtr {
@@ -46,11 +46,11 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
     FlushQuickCache(shard);
     BlockPool& pool = shard.PoolFor(size);
     Block* block = TakeFreeBlock(shard, pool, size);
-    return block != nullptr ? FinishAllocation(shard, pool, block, size, requested) : 0;
+    return block != nullptr ? FinishAllocation(shard, pool, block, request) : 0;
   };
   auto new_segment = [&]() -> absl::StatusOr<DevicePtr> {
     if (DevicePtr p = from_cache()) return p;
-    return NewSegmentFor(shard, size, requested);
+    return NewSegmentFor(shard, request);
   };
 
   if (config_.garbage_collection_threshold > 0.0) {
@@ -80,47 +80,48 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
   result = new_segment();
   if (!result.ok() || *result != 0) return result;
   if (shard.pool == nullptr) {
-    if (DevicePtr p = AllocateFromOomPools(shard.stream, size, requested)) return p;
+    if (DevicePtr p = AllocateFromOomPools(request)) return p;
   }
   // A failed growth may have cached the handles it could not map: out of memory leaves nothing idle.
   if (config_.expandable_segments) (void)ReleaseCachedHandles();
-  return OutOfMemory(size, shard.stream);
+  return OutOfMemory(request);
 }
 
-absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard, std::size_t size,
-                                                          std::size_t requested) {
+absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard,
+                                                          const AllocationRequest& request) {
   // A no_split pool wants one segment per block, which expandable segments (one growing range) are not; a
   // pool with a segment source gets whole allocations from it, not pages to map.
   const bool regular_only =
       shard.pool != nullptr && (shard.pool->options.no_split || shard.pool->segment_source != nullptr);
-  if (config_.expandable_segments && !regular_only) return AllocateExpandable(shard, size, requested);
-  return AllocateSegment(shard, size, requested);
+  if (config_.expandable_segments && !regular_only) return AllocateExpandable(shard, request);
+  return AllocateSegment(shard, request);
 }
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& shard, std::size_t size,
-                                                                  std::size_t requested) {
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& shard,
+                                                                  const AllocationRequest& request) {
   // Capture mode: no event is queried or synchronized and nothing goes back to the device (the capture
   // may use it, and freeing is illegal while capturing); only the cache and new memory can serve.
   RelaxedCaptureMode relaxed(*driver_);
   {
     SpinLockHolder lock(&shard.mu);
     FlushQuickCache(shard);
-    BlockPool& pool = shard.PoolFor(size);
-    if (Block* block = TakeFreeBlock(shard, pool, size))
-      return FinishAllocation(shard, pool, block, size, requested);
+    BlockPool& pool = shard.PoolFor(request.size);
+    if (Block* block = TakeFreeBlock(shard, pool, request.size))
+      return FinishAllocation(shard, pool, block, request);
   }
-  absl::StatusOr<DevicePtr> result = NewSegmentFor(shard, size, requested);
+  absl::StatusOr<DevicePtr> result = NewSegmentFor(shard, request);
   if (!result.ok() || *result != 0) return result;
   if (shard.pool == nullptr) {
-    if (DevicePtr p = AllocateFromOomPools(shard.stream, size, requested)) return p;
+    if (DevicePtr p = AllocateFromOomPools(request)) return p;
   }
-  return OutOfMemory(size, shard.stream);
+  return OutOfMemory(request);
 }
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, std::size_t size,
-                                                            std::size_t requested) {
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
+                                                            const AllocationRequest& request) {
   const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
-  const std::size_t segment_size = no_split ? RoundUp(size, kRoundLarge) : SegmentSizeFor(size, config_);
+  const std::size_t segment_size =
+      no_split ? RoundUp(request.size, kRoundLarge) : SegmentSizeFor(request.size, config_);
   {
     MutexLock lock(&device_mu_);
     const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
@@ -133,7 +134,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, 
       source != nullptr ? source->Allocate(segment_size, shard.stream) : driver_->MemAlloc(segment_size);
   if (base.ok() && *base == 0) base = absl::ResourceExhaustedError("the segment source returned no memory");
   SpinLockHolder shard_lock(&shard.mu);
-  BlockPool& pool = shard.PoolFor(size);
+  BlockPool& pool = shard.PoolFor(request.size);
   auto* segment = new Segment;
   {
     MutexLock lock(&device_mu_);
@@ -160,7 +161,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, 
   block->segment = segment;
   segment->head = block;
   // The new block is active from birth: FinishAllocation accounts for it as a taken free block.
-  return FinishAllocation(shard, pool, block, size, requested);
+  return FinishAllocation(shard, pool, block, request);
 }
 
 void CachingAllocator::LinkSegment(Segment* segment) {
@@ -326,7 +327,9 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
   return freed;
 }
 
-absl::Status CachingAllocator::OutOfMemory(std::size_t size, Stream stream) {
+absl::Status CachingAllocator::OutOfMemory(const AllocationRequest& request) {
+  const std::size_t size = request.size;
+  const Stream stream = request.stream;
   absl::StatusOr<MemoryInfo> info = driver_->GetMemoryInfo();
   const DeviceStats stats = GetStats();
   std::size_t limit = 0;

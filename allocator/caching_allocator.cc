@@ -155,25 +155,25 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
       captures_underway_.load(std::memory_order_relaxed) == 0) {
     ProcessEvents(*shard);
   }
-  const std::size_t size = RoundSize(bytes, config_);
+  const AllocationRequest request(bytes, stream, config_);
   {
     SpinLockHolder lock(&shard->mu);
-    BlockPool& pool = shard->PoolFor(size);
-    Block* block = shard->quick.Peek(size, &pool);
+    BlockPool& pool = shard->PoolFor(request.size);
+    Block* block = shard->quick.Peek(request.size, &pool);
     FreeRun run;
-    if (block != nullptr && QuickHitIsBestFit(*shard, pool, block, size, &run)) {
+    if (block != nullptr && QuickHitIsBestFit(*shard, pool, block, request.size, &run)) {
       shard->quick.Remove(block);
       AccountRunChange(*shard, block, run, /*joining=*/false);
-      return FinishQuickHit(*shard, pool, block, bytes);
+      return FinishQuickHit(*shard, pool, block, request);
     }
     {
       // Best fit must see every free block: parked ones of other sizes go back to the index first.
       FlushQuickCache(*shard);
-      block = TakeFreeBlock(*shard, pool, size);
+      block = TakeFreeBlock(*shard, pool, request.size);
     }
-    if (block != nullptr) return FinishAllocation(*shard, pool, block, size, bytes);
+    if (block != nullptr) return FinishAllocation(*shard, pool, block, request);
   }
-  return AllocateSlow(*shard, size, bytes);
+  return AllocateSlow(*shard, request);
 }
 
 Block* CachingAllocator::TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size) {
@@ -199,7 +199,8 @@ Block* CachingAllocator::TakeFreeBlock(StreamShard& shard, BlockPool& pool, std:
 }
 
 DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block,
-                                             std::size_t size, std::size_t requested) {
+                                             const AllocationRequest& request) {
+  const std::size_t size = request.size;
   const bool small = pool.is_small;
   const std::size_t remaining = block->size - size;
   // Large blocks keep remainders of up to 1 MiB (internal fragmentation beats unusable slivers);
@@ -235,7 +236,7 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
     stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
   }
   block->allocated = true;
-  block->requested_size = requested;
+  block->requested_size = request.requested;
   shard.allocated.Insert(block->ptr, block);
   UpdateAllocationStats(shard, block, small, +1);
   stats.active.Increase(small, 1);
@@ -279,10 +280,10 @@ bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, co
 }
 
 DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block,
-                                           std::size_t requested) {
+                                           const AllocationRequest& request) {
   const bool small = pool.is_small;
   block->allocated = true;
-  block->requested_size = requested;
+  block->requested_size = request.requested;
   shard.allocated.Insert(block->ptr, block);
   UpdateAllocationStats(shard, block, small, +1);
   shard.stats.active.Increase(small, 1);

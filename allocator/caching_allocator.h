@@ -29,6 +29,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "graphalloc/allocator/allocation_request.h"
 #include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/block.h"
 #include "graphalloc/allocator/block_pool.h"
@@ -151,8 +152,8 @@ class CachingAllocator {
   // ---- Hot path (caching_allocator.cc). ----
   Block* TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  DevicePtr FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block, std::size_t size,
-                             std::size_t requested) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  DevicePtr FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block,
+                             const AllocationRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // A block that stopped being allocated (or waiting on events) goes back: merged into the index, or
   // parked in the quick cache when merging would not change it.
   void ReleaseBlock(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
@@ -168,8 +169,8 @@ class CachingAllocator {
   // then `run` is the block's run, from the same walk, for AccountRunChange.
   bool QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block, std::size_t size,
                          FreeRun* run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  DevicePtr FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block, std::size_t requested)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  DevicePtr FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block,
+                           const AllocationRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   bool TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   void FlushQuickCache(StreamShard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
@@ -183,17 +184,17 @@ class CachingAllocator {
   void ReleaseOrphanAfterFree(PoolId pool);
 
   // ---- Slow path (allocation_slow_path.cc). ----
-  absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, std::size_t size, std::size_t requested);
-  // A new segment (or expandable growth) for the shard's pool kind, serving `size`; 0 when there is no room.
-  absl::StatusOr<DevicePtr> NewSegmentFor(StreamShard& shard, std::size_t size, std::size_t requested);
+  absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, const AllocationRequest& request);
+  // A new segment (or expandable growth) for the shard's pool kind, serving `request`; 0 when there is no
+  // room.
+  absl::StatusOr<DevicePtr> NewSegmentFor(StreamShard& shard, const AllocationRequest& request);
   // The slow path while a capture route is open (see BeginAllocateToPool).
-  absl::StatusOr<DevicePtr> AllocateDuringCapture(StreamShard& shard, std::size_t size,
-                                                  std::size_t requested);
+  absl::StatusOr<DevicePtr> AllocateDuringCapture(StreamShard& shard, const AllocationRequest& request);
   void AccountPoolReserved(const Segment* segment, std::int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  // Allocates a new segment for `size` and hands out its first block; 0 when the device or the memory
+  // Allocates a new segment for `request` and hands out its first block; 0 when the device or the memory
   // limit has no room; an error for any other driver failure.
-  absl::StatusOr<DevicePtr> AllocateSegment(StreamShard& shard, std::size_t size, std::size_t requested);
+  absl::StatusOr<DevicePtr> AllocateSegment(StreamShard& shard, const AllocationRequest& request);
   // Frees unsplit cached segments (all of them, or just enough oversize ones); returns bytes freed.
   // `scope` kDefaultPool: the default pool and private pools without users or pins; a private pool's id:
   // that pool only, unless pinned by a graph.
@@ -210,9 +211,9 @@ class CachingAllocator {
 
   // ---- Expandable segments (expandable_growth.cc, expandable_release.cc). ----
   struct GrowthPlan;
-  // Serves `size` from the shard's expandable segment of its pool kind, mapping physical memory where
+  // Serves `request` from the shard's expandable segment of its pool kind, mapping physical memory where
   // the request needs it (and moving idle chunks of the shard there first); 0 when there is no room.
-  absl::StatusOr<DevicePtr> AllocateExpandable(StreamShard& shard, std::size_t size, std::size_t requested);
+  absl::StatusOr<DevicePtr> AllocateExpandable(StreamShard& shard, const AllocationRequest& request);
   bool PlanGrowth(StreamShard& shard, BlockPool& pool, std::size_t size, GrowthPlan* plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // Runs the plan's driver calls (no lock held) and settles its blocks; false when it could not map.
@@ -252,7 +253,7 @@ class CachingAllocator {
   void AccountMapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   void AccountUnmapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   absl::Status CheckExpandableInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  absl::Status OutOfMemory(std::size_t size, Stream stream);
+  absl::Status OutOfMemory(const AllocationRequest& request);
 
   // ---- Private pools (pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
   // A kPredicate route's predicate, shared by the route and the copies RoutedPool evaluates unlocked.
@@ -280,7 +281,7 @@ class CachingAllocator {
   // Returns every byte of a pool without users or pins once it has no live block, and forgets it.
   absl::Status MaybeReleasePool(PoolId id);
   // A default-pool allocation that failed tries the cached free blocks of use_on_oom pools.
-  DevicePtr AllocateFromOomPools(Stream stream, std::size_t size, std::size_t requested);
+  DevicePtr AllocateFromOomPools(const AllocationRequest& request);
   // Locks every shard of `pool` (in the lock order); returns them.
   std::vector<StreamShard*> LockPoolShards(PoolId pool) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status CheckPoolQuiet(const std::vector<StreamShard*>& shards) const;

@@ -103,9 +103,10 @@ struct CachingAllocator::GrowthPlan {
   BlockPool* pool = nullptr;
 };
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shard, std::size_t size,
-                                                               std::size_t requested) {
-  const bool small = IsSmall(size);
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shard,
+                                                               const AllocationRequest& request) {
+  const std::size_t size = request.size;
+  const bool small = request.small();
   const std::size_t reservation = RoundUp(driver_->Info().total_memory, driver_->Info().granularity);
   if (size > reservation) return DevicePtr{0};
   // A chunk left mapped without access by an earlier failure is fixed before more memory is mapped (it
@@ -119,7 +120,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shar
       FlushQuickCache(shard);
       BlockPool& pool = shard.PoolFor(size);
       if (Block* block = TakeFreeBlock(shard, pool, size))
-        return FinishAllocation(shard, pool, block, size, requested);
+        return FinishAllocation(shard, pool, block, request);
       plan.pool = &pool;
       if (!PlanGrowth(shard, pool, size, &plan)) plan.pool = nullptr;
     }

@@ -172,7 +172,7 @@ PoolId CachingAllocator::RoutedPool(Stream stream) {
   return found;
 }
 
-DevicePtr CachingAllocator::AllocateFromOomPools(Stream stream, std::size_t size, std::size_t requested) {
+DevicePtr CachingAllocator::AllocateFromOomPools(const AllocationRequest& request) {
   std::vector<PoolId> candidates;
   {
     MutexLock lock(&device_mu_);
@@ -182,14 +182,14 @@ DevicePtr CachingAllocator::AllocateFromOomPools(Stream stream, std::size_t size
     }
   }
   for (PoolId id : candidates) {
-    StreamShard* shard = shards_.Find(id, stream);
+    StreamShard* shard = shards_.Find(id, request.stream);
     if (shard == nullptr) continue;
     SpinLockHolder lock(&shard->mu);
     if (shard->pool == nullptr || shard->pool->id != id) continue;  // released meanwhile
     FlushQuickCache(*shard);
-    BlockPool& pool = shard->PoolFor(size);
-    if (Block* block = TakeFreeBlock(*shard, pool, size))
-      return FinishAllocation(*shard, pool, block, size, requested);
+    BlockPool& pool = shard->PoolFor(request.size);
+    if (Block* block = TakeFreeBlock(*shard, pool, request.size))
+      return FinishAllocation(*shard, pool, block, request);
   }
   return 0;
 }
