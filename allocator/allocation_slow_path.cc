@@ -125,9 +125,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
   {
     MutexLock lock(&device_mu_);
     const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
-    if (memory_limit_ != 0 && reserved + reserved_in_flight_ + segment_size > memory_limit_)
-      return DevicePtr{0};
-    reserved_in_flight_ += segment_size;
+    if (!budget_.BeginSegment(reserved, segment_size)) return DevicePtr{0};
   }
   const std::shared_ptr<SegmentSource> source = shard.pool != nullptr ? shard.pool->segment_source : nullptr;
   absl::StatusOr<DevicePtr> base =
@@ -138,7 +136,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
   auto* segment = new Segment;
   {
     MutexLock lock(&device_mu_);
-    reserved_in_flight_ -= segment_size;
+    budget_.EndSegment(segment_size);
     if (!base.ok()) {
       delete segment;
       if (absl::IsResourceExhausted(base.status())) return DevicePtr{0};
@@ -283,11 +281,10 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
   std::size_t target = 0;
   {
     MutexLock lock(&device_mu_);
-    if (memory_limit_ == 0) return std::size_t{0};
-    const auto reserved = static_cast<double>(device_stats_.reserved_bytes.all().current);
-    const double threshold = config_.garbage_collection_threshold * static_cast<double>(memory_limit_);
-    if (reserved <= threshold) return std::size_t{0};
-    target = static_cast<std::size_t>(reserved - threshold);
+    target =
+        budget_.GarbageCollectionTarget(static_cast<std::size_t>(device_stats_.reserved_bytes.all().current),
+                                        config_.garbage_collection_threshold);
+    if (target == 0) return std::size_t{0};
   }
   std::vector<Segment*> victims;
   std::size_t freed = 0;
@@ -336,7 +333,7 @@ absl::Status CachingAllocator::OutOfMemory(const AllocationRequest& request) {
   {
     MutexLock lock(&device_mu_);
     ++device_stats_.num_ooms;
-    limit = memory_limit_;
+    limit = budget_.limit();
   }
   const auto allocated = static_cast<std::size_t>(stats.allocated_bytes.all().current);
   const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.all().current);

@@ -68,7 +68,10 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::
 }
 
 CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config)
-    : driver_(std::move(driver)), config_(config), id_(next_allocator_id.fetch_add(1)) {
+    : driver_(std::move(driver)),
+      config_(config),
+      id_(next_allocator_id.fetch_add(1)),
+      budget_(driver_->Info().total_memory) {
   if (config_.record_history) {
     // The options were validated by Config::Parse; a failure here can only be a programming error.
     (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
@@ -608,26 +611,18 @@ absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
         absl::StrCat("SetMemoryFraction: fraction must be in [0, 1], got ", fraction));
   }
   MutexLock lock(&device_mu_);
-  memory_fraction_ = fraction;
-  memory_limit_ =
-      fraction >= 1.0
-          ? 0
-          : static_cast<std::size_t>(fraction * static_cast<double>(driver_->Info().total_memory));
-  // A zero fraction allows nothing; represent it as a one-byte cap rather than "no cap".
-  if (fraction < 1.0 && memory_limit_ == 0) memory_limit_ = 1;
+  budget_.SetFraction(fraction);
   return absl::OkStatus();
 }
 
 double CachingAllocator::GetMemoryFraction() const {
   MutexLock lock(&device_mu_);
-  return memory_fraction_;
+  return budget_.fraction();
 }
 
 void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
   MutexLock lock(&device_mu_);
-  memory_limit_ = bytes;
-  memory_fraction_ =
-      bytes == 0 ? 1.0 : static_cast<double>(bytes) / static_cast<double>(driver_->Info().total_memory);
+  budget_.SetLimit(bytes);
 }
 
 }  // namespace graphalloc

@@ -37,6 +37,7 @@
 #include "graphalloc/allocator/device/driver.h"
 #include "graphalloc/allocator/handle_cache.h"
 #include "graphalloc/allocator/history/history_ring.h"
+#include "graphalloc/allocator/memory_budget.h"
 #include "graphalloc/allocator/pool_checkpoint.h"
 #include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/segment_source.h"
@@ -312,13 +313,9 @@ class CachingAllocator {
   absl::btree_map<DevicePtr, Segment*> segments_ ABSL_GUARDED_BY(device_mu_);
   DeviceStats device_stats_
       ABSL_GUARDED_BY(device_mu_);  // segment, reserved_bytes, oversize_segments, counters
-  std::size_t reserved_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;  // segment bytes being allocated unlocked
-  std::size_t memory_limit_ ABSL_GUARDED_BY(device_mu_) = 0;        // 0: no cap
-  double memory_fraction_ ABSL_GUARDED_BY(device_mu_) = 1.0;
-  // Expandable segments: unmapped physical handles kept for reuse, physical bytes taken out of that cache
-  // or being created for a growth not yet accounted as reserved, and the peers every mapping grants.
+  MemoryBudget budget_ ABSL_GUARDED_BY(device_mu_);
+  // Expandable segments: unmapped physical handles kept for reuse, and the peers every mapping grants.
   HandleCache handle_cache_ ABSL_GUARDED_BY(device_mu_);
-  std::size_t growth_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;
   std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);
   // Chunks mapped without access: a mapping call sequence failed (at a later map or at the access call) and
   // the device then refused to unmap what it had mapped. Such a chunk must never be handed out (touching

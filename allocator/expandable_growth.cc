@@ -244,11 +244,9 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
 
   std::size_t reused = 0;
   MutexLock lock(&device_mu_);
-  const std::size_t capacity = memory_limit_ != 0 ? std::min(memory_limit_, driver_->Info().total_memory)
-                                                  : driver_->Info().total_memory;
-  const std::size_t committed = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current) +
-                                handle_cache_.bytes() + growth_in_flight_ + size;
-  const std::size_t max_chunk = MaxNewChunkSize(size, stranded, committed, capacity, gran);
+  const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
+  const std::size_t committed = budget_.Committed(reserved, handle_cache_.bytes(), size);
+  const std::size_t max_chunk = MaxNewChunkSize(size, stranded, committed, budget_.capacity(), gran);
   for (GrowthPlan::Hole& hole : plan->holes) {
     const bool last = hole.block == last_hole;
     const std::size_t need = last ? last_need : hole.block->size;
@@ -336,18 +334,15 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
       if (plan->stolen_chunks[k].ptr == chunk.ptr) plan->stolen[k] = mid;
     }
   }
-  const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
-  plan->over_limit = memory_limit_ != 0 && reserved + handle_cache_.bytes() + growth_in_flight_ +
-                                                   plan->cached_bytes + plan->new_bytes >
-                                               memory_limit_;
-  growth_in_flight_ += plan->cached_bytes;
+  plan->over_limit = budget_.OverLimit(reserved, handle_cache_.bytes(), plan->cached_bytes + plan->new_bytes);
+  budget_.BeginGrowth(plan->cached_bytes);
   plan->peers = peers_;
   return true;
 }
 
 absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthPlan& plan) {
   absl::Status error;
-  bool admitted = false;  // new_bytes counted in growth_in_flight_
+  bool admitted = false;  // new_bytes counted as growth in flight
   if (plan.over_limit) {
     // Idle cached handles are the first thing to give back when the limit is near.
     if (absl::Status s = ReleaseCachedHandles(); !s.ok()) error = s;
@@ -355,11 +350,8 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   {
     MutexLock lock(&device_mu_);
     const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
-    if (memory_limit_ == 0 || plan.new_bytes == 0 ||
-        reserved + handle_cache_.bytes() + growth_in_flight_ + plan.new_bytes <= memory_limit_) {
-      growth_in_flight_ += plan.new_bytes;
-      admitted = true;
-    } else if (error.ok()) {
+    admitted = budget_.AdmitNewHandles(reserved, handle_cache_.bytes(), plan.new_bytes);
+    if (!admitted && error.ok()) {
       error = absl::ResourceExhaustedError("memory limit");
     }
   }
@@ -442,7 +434,7 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   // 4. Settle: bookkeeping first for unmaps, then maps (so that the reserved peak never double counts).
   SpinLockHolder shard_lock(&shard.mu);
   MutexLock lock(&device_mu_);
-  growth_in_flight_ -= plan.cached_bytes + (admitted ? plan.new_bytes : 0);
+  budget_.EndGrowth(plan.cached_bytes + (admitted ? plan.new_bytes : 0));
   for (std::size_t i = 0; i < plan.stolen.size(); ++i) {
     Block* b = plan.stolen[i];
     if (stolen_unmapped[i]) AccountUnmapped(b->segment, plan.stolen_chunks[i]);

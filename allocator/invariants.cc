@@ -295,9 +295,9 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
     std::size_t in_flight = 0;
     for (const auto& [shard, e] : expected) in_flight += e.in_flight_blocks;
     in_flight -= quarantine_.size();  // quarantined blocks stay in flight with no growth under way
-    if (in_flight == 0 && growth_in_flight_ != 0) {
-      return Violation(
-          absl::StrFormat("%d bytes counted as growing with no growth under way", growth_in_flight_));
+    if (in_flight == 0 && budget_.growth_in_flight() != 0) {
+      return Violation(absl::StrFormat("%d bytes counted as growing with no growth under way",
+                                       budget_.growth_in_flight()));
     }
     if (absl::Status s = CompareArrays("device", device_stats_, device_expected, /*block_stats=*/false);
         !s.ok()) {
