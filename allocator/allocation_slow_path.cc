@@ -163,21 +163,18 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
 }
 
 void CachingAllocator::LinkSegment(Segment* segment) {
-  const bool small = segment->pool->is_small;
   segments_.emplace(segment->base, segment);
-  device_stats_.segment.Increase(small, 1);
-  device_stats_.reserved_bytes.Increase(small, static_cast<std::int64_t>(segment->size));
+  stat_events::SegmentLinked(device_stats_, segment->pool->is_small, static_cast<std::int64_t>(segment->size),
+                             segment->size >= config_.max_split_size);
   AccountPoolReserved(segment, static_cast<std::int64_t>(segment->size));
-  if (segment->size >= config_.max_split_size) device_stats_.oversize_segments.Increase(small, 1);
 }
 
 void CachingAllocator::UnlinkSegment(Segment* segment) {
-  const bool small = segment->pool->is_small;
   segments_.erase(segment->base);
-  device_stats_.segment.Decrease(small, 1);
-  device_stats_.reserved_bytes.Decrease(small, static_cast<std::int64_t>(segment->size));
+  stat_events::SegmentUnlinked(device_stats_, segment->pool->is_small,
+                               static_cast<std::int64_t>(segment->size),
+                               segment->size >= config_.max_split_size);
   AccountPoolReserved(segment, -static_cast<std::int64_t>(segment->size));
-  if (segment->size >= config_.max_split_size) device_stats_.oversize_segments.Decrease(small, 1);
 }
 
 void CachingAllocator::AccountPoolReserved(const Segment* segment, std::int64_t bytes) {

@@ -40,19 +40,15 @@ bool Mergeable(const Block* dst, const Block* src) {
 
 }  // namespace
 
-// The free neighbours of a block that coalescing would merge with it, on each side.
-struct CachingAllocator::FreeRun {
-  std::size_t left_bytes = 0;
-  std::size_t right_bytes = 0;
-  bool whole_segment = false;  // the block and its run would cover the whole segment
-};
-
 CachingAllocator::FreeRun CachingAllocator::WalkFreeRun(const Block* block) {
   FreeRun run;
+  run.block_bytes = static_cast<std::int64_t>(block->size);
   const Block* p = block->prev;
-  for (; p != nullptr && Mergeable(block, p); p = p->prev) run.left_bytes += p->size;
+  for (; p != nullptr && Mergeable(block, p); p = p->prev)
+    run.left_bytes += static_cast<std::int64_t>(p->size);
   const Block* n = block->next;
-  for (; n != nullptr && Mergeable(block, n); n = n->next) run.right_bytes += n->size;
+  for (; n != nullptr && Mergeable(block, n); n = n->next)
+    run.right_bytes += static_cast<std::int64_t>(n->size);
   run.whole_segment = p == nullptr && n == nullptr;
   return run;
 }
@@ -166,7 +162,9 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
     FreeRun run;
     if (block != nullptr && QuickHitIsBestFit(*shard, pool, block, request.size, &run)) {
       shard->quick.Remove(block);
-      AccountRunChange(*shard, block, run, /*joining=*/false);
+      if (!block->segment->expandable) {
+        stat_events::FreeRunChanged(shard->stats, pool.is_small, run, /*joining=*/false);
+      }
       return FinishQuickHit(*shard, pool, block, request);
     }
     {
@@ -214,8 +212,7 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
   const bool split =
       !no_split && (small || expandable ? remaining >= kMinBlockSize
                                         : (size < config_.max_split_size && remaining > kSmallSize));
-  const bool was_split = block->IsSplit() && !expandable;  // inactive_split excludes expandable blocks
-  DeviceStats& stats = shard.stats;
+  const bool was_split = block->IsSplit();
   if (split) {
     Block* rest = shard.arena.New();
     rest->ptr = block->ptr + size;
@@ -228,22 +225,15 @@ DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool
     block->size = size;
     rest->gc_count_base = pool.free_block_lookups;
     pool.Insert(rest);
-    if (was_split) {
-      stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(size));
-    } else if (!expandable) {
-      stats.inactive_split.Increase(small, 1);
-      stats.inactive_split_bytes.Increase(small, static_cast<std::int64_t>(remaining));
-    }
-  } else if (was_split) {
-    stats.inactive_split.Decrease(small, 1);
-    stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
+  }
+  if (!expandable) {  // inactive_split excludes expandable blocks
+    stat_events::FreeBlockTaken(shard.stats, small, was_split, static_cast<std::int64_t>(block->size),
+                                split ? static_cast<std::int64_t>(remaining) : 0);
   }
   block->allocated = true;
   block->requested_size = request.requested;
   shard.allocated.Insert(block->ptr, block);
-  UpdateAllocationStats(shard, block, small, +1);
-  stats.active.Increase(small, 1);
-  stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
+  CountAllocated(shard, block, small);
   RecordBlockEvent(history_, HistoryAction::kAlloc, block);
   return block->ptr;
 }
@@ -256,7 +246,7 @@ bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, co
   // starts at `block`, nothing smaller than M fits, and M would be split right after `block` (or is
   // `block`). Anything else goes the long way, through the coalesced layout, so decisions stay PyTorch's.
   if (shard.quick.size() != 1 || Mergeable(block, block->prev)) return false;
-  // The one walk of the run: M's extent here, and the statistics' run for AccountRunChange.
+  // The one walk of the run: M's extent here, and the statistics' run.
   std::size_t rest = 0;
   std::size_t run_blocks = 0;  // all indexed: `block` is the only parked block
   const Block* run_end = block->next;
@@ -270,7 +260,8 @@ bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, co
   // A large block keeps a rest of up to 1 MiB inside, unless it is in an expandable segment, whose blocks
   // split off any rest (FinishAllocation).
   if (rest != 0 && !pool.is_small && !block->segment->expandable && rest <= kSmallSize) return false;
-  *run = FreeRun{0, rest, block->prev == nullptr && run_end == nullptr};
+  *run = FreeRun{0, static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(rest),
+                 block->prev == nullptr && run_end == nullptr};
   // Nothing else can compete when every indexed block is part of M, or none is large enough: both are
   // O(1) to see, and common when a stream reuses one size in a loop (the search below costs more).
   if (pool.blocks.size() == run_blocks || pool.blocks.LargestSize() < size) return true;
@@ -288,30 +279,26 @@ DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, 
   block->allocated = true;
   block->requested_size = request.requested;
   shard.allocated.Insert(block->ptr, block);
-  UpdateAllocationStats(shard, block, small, +1);
-  shard.stats.active.Increase(small, 1);
-  shard.stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
+  CountAllocated(shard, block, small);
   RecordBlockEvent(history_, HistoryAction::kAlloc, block);
   return block->ptr;
 }
 
-void CachingAllocator::UpdateAllocationStats(StreamShard& shard, const Block* block, bool small, int sign) {
-  DeviceStats& stats = shard.stats;
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  const auto requested = static_cast<std::int64_t>(block->requested_size);
-  const bool oversize = block->size >= config_.max_split_size;
-  if (shard.pool != nullptr) shard.pool->AddAllocated(sign * bytes, sign);
-  if (sign > 0) {
-    stats.allocation.Increase(small, 1);
-    stats.allocated_bytes.Increase(small, bytes);
-    stats.requested_bytes.Increase(small, requested);
-    if (oversize) stats.oversize_allocations.Increase(small, 1);
-  } else {
-    stats.allocation.Decrease(small, 1);
-    stats.allocated_bytes.Decrease(small, bytes);
-    stats.requested_bytes.Decrease(small, requested);
-    if (oversize) stats.oversize_allocations.Decrease(small, 1);
-  }
+stat_events::BlockFigures CachingAllocator::FiguresOf(const Block* block, bool small) const {
+  return {small, static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(block->requested_size),
+          block->size >= config_.max_split_size};
+}
+
+void CachingAllocator::CountAllocated(StreamShard& shard, const Block* block, bool small) {
+  const stat_events::BlockFigures figures = FiguresOf(block, small);
+  if (shard.pool != nullptr) shard.pool->AddAllocated(figures.bytes, 1);
+  stat_events::BlockAllocated(shard.stats, figures);
+}
+
+void CachingAllocator::CountFreed(StreamShard& shard, const Block* block) {
+  const stat_events::BlockFigures figures = FiguresOf(block, block->segment->pool->is_small);
+  if (shard.pool != nullptr) shard.pool->AddAllocated(-figures.bytes, -1);
+  stat_events::BlockFreed(shard.stats, figures);
 }
 
 StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
@@ -350,7 +337,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
   if (block->stream_uses.empty()) {
     shard->allocated.Erase(ptr);
     block->allocated = false;
-    UpdateAllocationStats(*shard, block, block->segment->pool->is_small, -1);
+    CountFreed(*shard, block);
     ReleaseBlock(*shard, block);
     const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
     shard->mu.Unlock();
@@ -399,9 +386,8 @@ PoolId CachingAllocator::LastBlockOfOrphan(const StreamShard& shard) const {
 void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
   RecordBlockEvent(history_, HistoryAction::kFreeCompleted, block);
   block->requested_size = 0;  // kept while the free was pending, for the event above
-  const bool small = block->segment->pool->is_small;
-  shard.stats.active.Decrease(small, 1);
-  shard.stats.active_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
+  stat_events::BlockReleased(shard.stats, block->segment->pool->is_small,
+                             static_cast<std::int64_t>(block->size));
   InsertFree(shard, block);
 }
 
@@ -411,7 +397,9 @@ void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
   if (config_.garbage_collection_threshold > 0.0) block->gc_count_base = pool.free_block_lookups;
   if (shard.quick.Push(block, &pool)) {
     // Parked without merging; statistics count its free run as if it were merged.
-    if (!block->segment->expandable) AccountRunChange(shard, block, WalkFreeRun(block), /*joining=*/true);
+    if (!block->segment->expandable) {
+      stat_events::FreeRunChanged(shard.stats, pool.is_small, WalkFreeRun(block), /*joining=*/true);
+    }
     return;
   }
   // Merging must see neighbours as they would be: parked blocks merge first. `block` is in neither free
@@ -419,51 +407,20 @@ void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
   block->allocated = true;
   FlushQuickCache(shard);
   block->allocated = false;
-  const bool small = pool.is_small;
-  DeviceStats& stats = shard.stats;
-  if (block->segment->expandable) {
-    // No inactive_split accounting for expandable segments (as PyTorch).
-    for (Block* neighbour : {block->prev, block->next}) TryMerge(shard, block, neighbour, pool);
-    pool.Insert(block);
-    return;
-  }
-  std::int64_t split_blocks_delta = 0;
-  std::int64_t split_bytes_delta = 0;
+  std::int64_t merged = 0;
+  std::int64_t merged_bytes = 0;
   for (Block* neighbour : {block->prev, block->next}) {
     const std::size_t absorbed = neighbour != nullptr ? neighbour->size : 0;
     if (TryMerge(shard, block, neighbour, pool)) {
-      split_blocks_delta -= 1;
-      split_bytes_delta -= static_cast<std::int64_t>(absorbed);
+      ++merged;
+      merged_bytes += static_cast<std::int64_t>(absorbed);
     }
   }
-  if (block->IsSplit()) {
-    split_blocks_delta += 1;
-    split_bytes_delta += static_cast<std::int64_t>(block->size);
+  if (!block->segment->expandable) {  // no inactive_split accounting for expandable segments (as PyTorch)
+    stat_events::FreeBlockCoalesced(shard.stats, pool.is_small, merged, merged_bytes, block->IsSplit(),
+                                    static_cast<std::int64_t>(block->size));
   }
-  if (split_blocks_delta > 0) stats.inactive_split.Increase(small, split_blocks_delta);
-  if (split_blocks_delta < 0) stats.inactive_split.Decrease(small, -split_blocks_delta);
-  if (split_bytes_delta > 0) stats.inactive_split_bytes.Increase(small, split_bytes_delta);
-  if (split_bytes_delta < 0) stats.inactive_split_bytes.Decrease(small, -split_bytes_delta);
   pool.Insert(block);
-}
-
-void CachingAllocator::AccountRunChange(StreamShard& shard, Block* block, const FreeRun& run, bool joining) {
-  // Coalescing would merge `block` with the free blocks on each side; a run counts as one inactive split
-  // block unless it covers its whole segment. Expandable segments count none.
-  if (block->segment->expandable) return;
-  const std::int64_t apart_blocks = (run.left_bytes > 0 ? 1 : 0) + (run.right_bytes > 0 ? 1 : 0);
-  const auto apart_bytes = static_cast<std::int64_t>(run.left_bytes + run.right_bytes);
-  const std::int64_t joined_blocks = run.whole_segment ? 0 : 1;
-  const auto joined_bytes =
-      run.whole_segment ? 0 : static_cast<std::int64_t>(run.left_bytes + block->size + run.right_bytes);
-  const std::int64_t blocks_delta = joining ? joined_blocks - apart_blocks : apart_blocks - joined_blocks;
-  const std::int64_t bytes_delta = joining ? joined_bytes - apart_bytes : apart_bytes - joined_bytes;
-  const bool small = block->segment->pool->is_small;
-  DeviceStats& stats = shard.stats;
-  if (blocks_delta > 0) stats.inactive_split.Increase(small, blocks_delta);
-  if (blocks_delta < 0) stats.inactive_split.Decrease(small, -blocks_delta);
-  if (bytes_delta > 0) stats.inactive_split_bytes.Increase(small, bytes_delta);
-  if (bytes_delta < 0) stats.inactive_split_bytes.Decrease(small, -bytes_delta);
 }
 
 bool CachingAllocator::TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool) {

@@ -43,6 +43,7 @@
 #include "graphalloc/allocator/segment_source.h"
 #include "graphalloc/allocator/shard_table.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/stats/stat_events.h"
 #include "graphalloc/allocator/stats/stats.h"
 #include "graphalloc/allocator/stream_shard.h"
 
@@ -160,14 +161,10 @@ class CachingAllocator {
   void ReleaseBlock(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   void InsertFree(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // The free neighbours coalescing would merge with a block (caching_allocator.cc).
-  struct FreeRun;
+  using FreeRun = stat_events::FreeRunFigures;
   static FreeRun WalkFreeRun(const Block* block);
-  // Statistics for `block` joining (parked) or leaving (taken from the quick cache) its run of free
-  // blocks, counted as coalescing would leave them.
-  void AccountRunChange(StreamShard& shard, Block* block, const FreeRun& run, bool joining)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // True when handing out the parked `block` for a request of `size` is exactly what best fit would do;
-  // then `run` is the block's run, from the same walk, for AccountRunChange.
+  // then `run` is the block's run, from the same walk, for the statistics.
   bool QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block, std::size_t size,
                          FreeRun* run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   DevicePtr FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block,
@@ -175,8 +172,12 @@ class CachingAllocator {
   bool TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   void FlushQuickCache(StreamShard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  void UpdateAllocationStats(StreamShard& shard, const Block* block, bool small, int sign)
+  // The block as the statistics see it (stat_events.h).
+  stat_events::BlockFigures FiguresOf(const Block* block, bool small) const;
+  // A block is handed out, or freed by its owner: the shard's statistics and its pool's figures.
+  void CountAllocated(StreamShard& shard, const Block* block, bool small)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  void CountFreed(StreamShard& shard, const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   absl::Status FreeLocked(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // The id of the shard's pool when that pool waits only for its last live block to go (now gone), else
   // kDefaultPool: the caller then releases it (MaybeReleasePool) with the lock dropped.

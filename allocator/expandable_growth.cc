@@ -470,19 +470,15 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
 
 void CachingAllocator::AccountMapped(Segment* segment, const ChunkPlacement& c) {
   segment->vmm->AddChunk(c);
-  const bool small = segment->pool->is_small;
-  device_stats_.reserved_bytes.Increase(small, static_cast<std::int64_t>(c.size));
+  stat_events::ChunkMapped(device_stats_, segment->pool->is_small, static_cast<std::int64_t>(c.size));
   AccountPoolReserved(segment, static_cast<std::int64_t>(c.size));
-  ++device_stats_.num_device_alloc;
   history_.Record(HistoryAction::kSegmentMap, c.ptr, c.size, static_cast<std::uint64_t>(segment->stream), 0);
 }
 
 void CachingAllocator::AccountUnmapped(Segment* segment, const ChunkPlacement& c) {
   segment->vmm->RemoveChunk(c.ptr);
-  const bool small = segment->pool->is_small;
-  device_stats_.reserved_bytes.Decrease(small, static_cast<std::int64_t>(c.size));
+  stat_events::ChunkUnmapped(device_stats_, segment->pool->is_small, static_cast<std::int64_t>(c.size));
   AccountPoolReserved(segment, -static_cast<std::int64_t>(c.size));
-  ++device_stats_.num_device_free;
   history_.Record(HistoryAction::kSegmentUnmap, c.ptr, c.size, static_cast<std::uint64_t>(segment->stream),
                   0);
 }

@@ -65,24 +65,6 @@ absl::Status ValidateSegmentState(const CheckpointSegment& s, std::size_t granul
   return absl::OkStatus();
 }
 
-// Statistics of the blocks a restore takes out of (or puts into) one shard's pool kind, applied once: a
-// 10,000-block restore would otherwise spend much of its time on per-block counter updates.
-struct StatDelta {
-  std::int64_t blocks = 0;
-  std::int64_t bytes = 0;
-  std::int64_t requested = 0;
-  std::int64_t oversize = 0;
-  std::int64_t split_blocks = 0;
-  std::int64_t split_bytes = 0;
-
-  void Add(const Block* b, std::size_t max_split_size) {
-    ++blocks;
-    bytes += static_cast<std::int64_t>(b->size);
-    requested += static_cast<std::int64_t>(b->requested_size);
-    if (b->size >= max_split_size) ++oversize;
-  }
-};
-
 // True when the segment's chain is exactly the checkpointed one: nothing to rebuild.
 bool ChainMatches(const Segment* segment, const CheckpointSegment& s) {
   std::size_t i = 0;
@@ -384,7 +366,9 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   struct ShardDelta {
     StreamShard* shard;
     bool small;
-    StatDelta out, in;
+    // Statistics of the blocks taken out and put in, applied once: a 10,000-block restore would otherwise
+    // spend much of its time on per-block counter updates.
+    stat_events::BlockTotals out, in;
   };
   std::vector<ShardDelta> deltas;
   auto delta_for = [&](StreamShard* shard, bool small) -> ShardDelta& {
@@ -412,17 +396,14 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       if (b->allocated) {
         live_before.push_back({b->ptr, b->size, b->stream(), b->requested_size});
         shard.allocated.Erase(b->ptr);
-        delta.out.Add(b, config_.max_split_size);
+        delta.out.AddAllocated(FiguresOf(b, bp.is_small));
       } else {
         if (b->mapped) {
           bp.Erase(b);
         } else {
           bp.unmapped.erase(b->ptr);
         }
-        if (split_counted && was_split) {
-          ++delta.out.split_blocks;
-          delta.out.split_bytes += static_cast<std::int64_t>(b->size);
-        }
+        if (split_counted && was_split) delta.out.AddInactiveSplit(static_cast<std::int64_t>(b->size));
       }
       shard.arena.Delete(b);
       b = next;
@@ -492,34 +473,18 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
         b->allocated = true;
         b->requested_size = p.requested;
         shard.allocated.Insert(b->ptr, b);
-        delta.in.Add(b, config_.max_split_size);
+        delta.in.AddAllocated(FiguresOf(b, bp.is_small));
       } else if (p.mapped) {
         b->gc_count_base = bp.free_block_lookups;
         bp.Insert(b);
-        if (split_counted && now_split) {
-          ++delta.in.split_blocks;
-          delta.in.split_bytes += static_cast<std::int64_t>(b->size);
-        }
+        if (split_counted && now_split) delta.in.AddInactiveSplit(static_cast<std::int64_t>(b->size));
       } else {
         bp.unmapped.emplace(b->ptr, b);
       }
     }
   }
   for (const ShardDelta& d : deltas) {
-    DeviceStats& st = d.shard->stats;
-    const bool small = d.small;
-    auto apply = [&](StatArray& a, std::int64_t out, std::int64_t in) {
-      if (out != 0) a.Decrease(small, out);
-      if (in != 0) a.Increase(small, in);
-    };
-    apply(st.allocation, d.out.blocks, d.in.blocks);
-    apply(st.allocated_bytes, d.out.bytes, d.in.bytes);
-    apply(st.requested_bytes, d.out.requested, d.in.requested);
-    apply(st.oversize_allocations, d.out.oversize, d.in.oversize);
-    apply(st.active, d.out.blocks, d.in.blocks);
-    apply(st.active_bytes, d.out.bytes, d.in.bytes);
-    apply(st.inactive_split, d.out.split_blocks, d.in.split_blocks);
-    apply(st.inactive_split_bytes, d.out.split_bytes, d.in.split_bytes);
+    stat_events::BlocksReplaced(d.shard->stats, d.small, d.out, d.in);
     d.shard->pool->AddAllocated(d.in.bytes - d.out.bytes, d.in.blocks - d.out.blocks);
   }
   auto key = [](const Live& l) { return std::make_pair(l.ptr, l.size); };

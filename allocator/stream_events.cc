@@ -55,7 +55,7 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->requested_size,
                   static_cast<std::uint64_t>(block->stream()), 0);
   block->allocated = false;
-  UpdateAllocationStats(shard, block, block->segment->pool->is_small, -1);
+  CountFreed(shard, block);
   block->stream_uses.clear();
   if (live == 0) {  // every recorded stream was gone, and the device is synchronized: free now
     ReleaseBlock(shard, block);
