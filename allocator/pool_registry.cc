@@ -7,9 +7,9 @@ namespace graphalloc {
 
 // ---- Handles. ----
 
-PrivatePool::PrivatePool(const PrivatePool& other) : allocator_(other.allocator_), id_(other.id_) {
+PrivatePool::PrivatePool(const PrivatePool& other) : use_(other.allocator(), other.id()) {
   // The source holds a use, so the pool exists and the count cannot fail to rise.
-  if (allocator_ != nullptr) (void)allocator_->AddPoolUser(id_);
+  if (CachingAllocator* allocator = use_.allocator()) (void)allocator->AddPoolUser(use_.target());
 }
 
 PrivatePool& PrivatePool::operator=(const PrivatePool& other) {
@@ -20,50 +20,9 @@ PrivatePool& PrivatePool::operator=(const PrivatePool& other) {
   return *this;
 }
 
-PrivatePool::PrivatePool(PrivatePool&& other) noexcept : allocator_(other.allocator_), id_(other.id_) {
-  other.allocator_ = nullptr;
-  other.id_ = kDefaultPool;
-}
+void PrivatePool::DropUser(CachingAllocator& allocator, const PoolId& id) { allocator.DropPoolUser(id); }
 
-PrivatePool& PrivatePool::operator=(PrivatePool&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    allocator_ = other.allocator_;
-    id_ = other.id_;
-    other.allocator_ = nullptr;
-    other.id_ = kDefaultPool;
-  }
-  return *this;
-}
-
-void PrivatePool::Reset() {
-  if (allocator_ == nullptr) return;
-  CachingAllocator* allocator = allocator_;
-  allocator_ = nullptr;
-  allocator->DropPoolUser(id_);
-  id_ = kDefaultPool;
-}
-
-GraphPin::GraphPin(GraphPin&& other) noexcept : allocator_(other.allocator_), pool_(other.pool_) {
-  other.allocator_ = nullptr;
-}
-
-GraphPin& GraphPin::operator=(GraphPin&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    allocator_ = other.allocator_;
-    pool_ = other.pool_;
-    other.allocator_ = nullptr;
-  }
-  return *this;
-}
-
-void GraphPin::Reset() {
-  if (allocator_ == nullptr) return;
-  CachingAllocator* allocator = allocator_;
-  allocator_ = nullptr;
-  allocator->DropPin(pool_);
-}
+void GraphPin::Unpin(CachingAllocator& allocator, const PoolId& pool) { allocator.DropPin(pool); }
 
 // ---- Registry. ----
 

@@ -11,27 +11,14 @@
 
 namespace graphalloc {
 
-PoolRoute::PoolRoute(PoolRoute&& other) noexcept
-    : allocator_(other.allocator_), route_id_(other.route_id_), pool_(other.pool_) {
-  other.allocator_ = nullptr;
-}
-
-PoolRoute& PoolRoute::operator=(PoolRoute&& other) noexcept {
-  if (this != &other) {
-    (void)End();
-    allocator_ = other.allocator_;
-    route_id_ = other.route_id_;
-    pool_ = other.pool_;
-    other.allocator_ = nullptr;
-  }
-  return *this;
-}
-
 absl::Status PoolRoute::End() {
-  if (allocator_ == nullptr) return absl::OkStatus();
-  CachingAllocator* allocator = allocator_;
-  allocator_ = nullptr;
-  return allocator->EndRoute(route_id_);
+  CachingAllocator* allocator = route_.Release();
+  if (allocator == nullptr) return absl::OkStatus();
+  return allocator->EndRoute(route_.target().route_id);
+}
+
+void PoolRoute::EndIgnoringErrors(CachingAllocator& allocator, const Target& route) {
+  (void)allocator.EndRoute(route.route_id);
 }
 
 absl::StatusOr<PoolRoute> CachingAllocator::BeginAllocateToPool(const PrivatePool& pool,
