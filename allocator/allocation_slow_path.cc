@@ -43,10 +43,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard,
   // blocks that merge into one that fits: each step below retries the cache before asking for more.
   auto from_cache = [&]() -> DevicePtr {
     SpinLockHolder lock(&shard.mu);
-    FlushQuickCache(shard);
-    BlockPool& pool = shard.PoolFor(size);
-    Block* block = TakeFreeBlock(shard, pool, size);
-    return block != nullptr ? FinishAllocation(shard, pool, block, request) : 0;
+    return blocks_.AllocateBestFit(shard, request);
   };
   auto new_segment = [&]() -> absl::StatusOr<DevicePtr> {
     if (DevicePtr p = from_cache()) return p;
@@ -104,10 +101,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& s
   RelaxedCaptureMode relaxed(*driver_);
   {
     SpinLockHolder lock(&shard.mu);
-    FlushQuickCache(shard);
-    BlockPool& pool = shard.PoolFor(request.size);
-    if (Block* block = TakeFreeBlock(shard, pool, request.size))
-      return FinishAllocation(shard, pool, block, request);
+    if (DevicePtr p = blocks_.AllocateBestFit(shard, request)) return p;
   }
   absl::StatusOr<DevicePtr> result = NewSegmentFor(shard, request);
   if (!result.ok() || *result != 0) return result;
@@ -159,7 +153,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
   block->segment = segment;
   segment->head = block;
   // The new block is active from birth: FinishAllocation accounts for it as a taken free block.
-  return FinishAllocation(shard, pool, block, request);
+  return blocks_.FinishAllocation(shard, pool, block, request);
 }
 
 void CachingAllocator::LinkSegment(Segment* segment) {
@@ -193,8 +187,8 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
     AllShardsLock lock(shards_, device_mu_);
     std::vector<Block*> candidates;
     lock.ForEach([&](StreamShard* shard) {
-      if (!Releasable(shard, scope)) return;
-      FlushQuickCache(*shard);
+      if (!PoolRegistry::Releasable(shard->pool, scope)) return;
+      blocks_.FlushQuickCache(*shard);
       for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
         if (only_oversize && pool->is_small) continue;
         for (const FreeKey& key : pool->blocks) {
@@ -292,8 +286,8 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
       std::vector<Block*> candidates;
       double total_age = 0;
       lock.ForEach([&](StreamShard* shard) {
-        if (!Releasable(shard, kDefaultPool)) return;
-        FlushQuickCache(*shard);
+        if (!PoolRegistry::Releasable(shard->pool, kDefaultPool)) return;
+        blocks_.FlushQuickCache(*shard);
         const BlockPool& pool = shard->large_pool;
         for (const FreeKey& key : pool.blocks) {
           if (key.block->IsSplit() || key.block->segment->expandable) continue;
@@ -367,9 +361,7 @@ absl::Status CachingAllocator::EmptyCache() {
   std::vector<PoolId> orphans;
   {
     MutexLock lock(&device_mu_);
-    for (const auto& [id, pool] : pools_) {
-      if (pool->orphaned.load(std::memory_order_acquire)) orphans.push_back(id);
-    }
+    orphans = pools_.Orphans();
   }
   for (PoolId id : orphans) {
     if (absl::Status s = MaybeReleasePool(id); !s.ok()) return s;

@@ -80,17 +80,16 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label,
     pool.allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().current);
     pool.peak_reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().peak);
     pool.peak_allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().peak);
-    for (const auto& [id, state] : pools_) {
+    pools_.ForEach([&](PoolId id, const PoolState& state) {
       PoolSnapshot& p = snapshot.pools.emplace_back();
       p.id = id;
-      p.use_count =
-          state->users.load(std::memory_order_relaxed) + state->pins.load(std::memory_order_relaxed);
-      p.reserved_bytes = static_cast<std::uint64_t>(state->reserved_bytes);
-      p.peak_reserved_bytes = static_cast<std::uint64_t>(state->peak_reserved_bytes);
-      p.allocated_bytes = static_cast<std::uint64_t>(state->allocated_bytes.load(std::memory_order_relaxed));
+      p.use_count = state.users.load(std::memory_order_relaxed) + state.pins.load(std::memory_order_relaxed);
+      p.reserved_bytes = static_cast<std::uint64_t>(state.reserved_bytes);
+      p.peak_reserved_bytes = static_cast<std::uint64_t>(state.peak_reserved_bytes);
+      p.allocated_bytes = static_cast<std::uint64_t>(state.allocated_bytes.load(std::memory_order_relaxed));
       p.peak_allocated_bytes =
-          static_cast<std::uint64_t>(state->peak_allocated_bytes.load(std::memory_order_relaxed));
-    }
+          static_cast<std::uint64_t>(state.peak_allocated_bytes.load(std::memory_order_relaxed));
+    });
   }
 
   history_.ExportTo(&snapshot);

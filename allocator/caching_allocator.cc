@@ -24,34 +24,7 @@ struct ShardCache {
 };
 thread_local ShardCache tls_shard;
 
-// Records a block event when history is on. The check comes first so that, with history off, nothing of
-// the block or its segment (which has the block's stream) is read.
-// Block events carry the caller's requested size, as PyTorch's trace entries do (the block's rounded size
-// is in the snapshot's blocks).
-void RecordBlockEvent(HistoryRing& history, HistoryAction action, const Block* block) {
-  if (!history.enabled()) return;
-  history.Record(action, block->ptr, block->requested_size, static_cast<std::uint64_t>(block->stream()), 0);
-}
-
-bool Mergeable(const Block* dst, const Block* src) {
-  return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
-         src->mapped == dst->mapped && !src->in_flight;
-}
-
 }  // namespace
-
-CachingAllocator::FreeRun CachingAllocator::WalkFreeRun(const Block* block) {
-  FreeRun run;
-  run.block_bytes = static_cast<std::int64_t>(block->size);
-  const Block* p = block->prev;
-  for (; p != nullptr && Mergeable(block, p); p = p->prev)
-    run.left_bytes += static_cast<std::int64_t>(p->size);
-  const Block* n = block->next;
-  for (; n != nullptr && Mergeable(block, n); n = n->next)
-    run.right_bytes += static_cast<std::int64_t>(n->size);
-  run.whole_segment = p == nullptr && n == nullptr;
-  return run;
-}
 
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::shared_ptr<Driver> driver,
                                                                            Config config) {
@@ -67,6 +40,7 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
     : driver_(std::move(driver)),
       config_(config),
       id_(next_allocator_id.fetch_add(1)),
+      blocks_(config_, history_),
       budget_(driver_->Info().total_memory) {
   if (config_.record_history) {
     // The options were validated by Config::Parse; a failure here can only be a programming error.
@@ -122,9 +96,8 @@ StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
     if (found == nullptr) {
       PoolState* state = nullptr;
       if (pool != kDefaultPool) {
-        auto it = pools_.find(pool);
-        if (it == pools_.end()) return nullptr;
-        state = it->second.get();
+        state = pools_.Find(pool);
+        if (state == nullptr) return nullptr;
       }
       found = shards_.Add(pool, stream, state);
       if (found == nullptr) return nullptr;
@@ -157,148 +130,9 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
   const AllocationRequest request(bytes, stream, config_);
   {
     SpinLockHolder lock(&shard->mu);
-    BlockPool& pool = shard->PoolFor(request.size);
-    Block* block = shard->quick.Peek(request.size, &pool);
-    FreeRun run;
-    if (block != nullptr && QuickHitIsBestFit(*shard, pool, block, request.size, &run)) {
-      shard->quick.Remove(block);
-      if (!block->segment->expandable) {
-        stat_events::FreeRunChanged(shard->stats, pool.is_small, run, /*joining=*/false);
-      }
-      return FinishQuickHit(*shard, pool, block, request);
-    }
-    {
-      // Best fit must see every free block: parked ones of other sizes go back to the index first.
-      FlushQuickCache(*shard);
-      block = TakeFreeBlock(*shard, pool, request.size);
-    }
-    if (block != nullptr) return FinishAllocation(*shard, pool, block, request);
+    if (DevicePtr ptr = blocks_.Allocate(*shard, request)) return ptr;
   }
   return AllocateSlow(*shard, request);
-}
-
-Block* CachingAllocator::TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size) {
-  ++pool.free_block_lookups;
-  auto it = pool.LowerBound(size);
-  if (it == pool.blocks.end()) return nullptr;
-  // The block's pointer-map entry is written once the block is allocated: start loading it now, so that
-  // its cache miss overlaps the ones on the block and its neighbour.
-  shard.allocated.Prefetch(it->ptr);
-  Block* block = it->block;
-  // Oversize blocks serve only oversize requests, and those only when the waste stays bounded (not in
-  // expandable segments, whose blocks always split: PyTorch's rule too).
-  if (block->segment->expandable) {
-    pool.blocks.Erase(it);
-    return block;
-  }
-  if (size < config_.max_split_size && block->size >= config_.max_split_size) return nullptr;
-  if (size >= config_.max_split_size && block->size >= size + config_.max_non_split_rounding_size) {
-    return nullptr;
-  }
-  pool.blocks.Erase(it);
-  return block;
-}
-
-DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block,
-                                             const AllocationRequest& request) {
-  const std::size_t size = request.size;
-  const bool small = pool.is_small;
-  const std::size_t remaining = block->size - size;
-  // Large blocks keep remainders of up to 1 MiB (internal fragmentation beats unusable slivers);
-  // oversize blocks are never split.
-  // Expandable segments split any remainder: their free space is contiguous and merges back.
-  const bool expandable = block->segment->expandable;
-  const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
-  const bool split =
-      !no_split && (small || expandable ? remaining >= kMinBlockSize
-                                        : (size < config_.max_split_size && remaining > kSmallSize));
-  const bool was_split = block->IsSplit();
-  if (split) {
-    Block* rest = shard.arena.New();
-    rest->ptr = block->ptr + size;
-    rest->size = remaining;
-    rest->segment = block->segment;
-    rest->prev = block;
-    rest->next = block->next;
-    if (rest->next != nullptr) rest->next->prev = rest;
-    block->next = rest;
-    block->size = size;
-    rest->gc_count_base = pool.free_block_lookups;
-    pool.Insert(rest);
-  }
-  if (!expandable) {  // inactive_split excludes expandable blocks
-    stat_events::FreeBlockTaken(shard.stats, small, was_split, static_cast<std::int64_t>(block->size),
-                                split ? static_cast<std::int64_t>(remaining) : 0);
-  }
-  block->allocated = true;
-  block->requested_size = request.requested;
-  shard.allocated.Insert(block->ptr, block);
-  CountAllocated(shard, block, small);
-  RecordBlockEvent(history_, HistoryAction::kAlloc, block);
-  return block->ptr;
-}
-
-bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block,
-                                         std::size_t size, FreeRun* run) {
-  // Best fit would see `block` merged with its free neighbours into one block M, choose the smallest free
-  // block that fits (lowest address among equals) and split it. Handing out `block` itself gives exactly
-  // that layout when it is the only parked block (so every other free block has its coalesced size), M
-  // starts at `block`, nothing smaller than M fits, and M would be split right after `block` (or is
-  // `block`). Anything else goes the long way, through the coalesced layout, so decisions stay PyTorch's.
-  if (shard.quick.size() != 1 || Mergeable(block, block->prev)) return false;
-  // The one walk of the run: M's extent here, and the statistics' run.
-  std::size_t rest = 0;
-  std::size_t run_blocks = 0;  // all indexed: `block` is the only parked block
-  const Block* run_end = block->next;
-  for (; run_end != nullptr && Mergeable(block, run_end); run_end = run_end->next) {
-    rest += run_end->size;
-    ++run_blocks;
-  }
-  const std::size_t merged = size + rest;
-  if (size < config_.max_split_size && merged >= config_.max_split_size) return false;
-  if (size >= config_.max_split_size && rest != 0) return false;  // oversize blocks are never split
-  // A large block keeps a rest of up to 1 MiB inside, unless it is in an expandable segment, whose blocks
-  // split off any rest (FinishAllocation).
-  if (rest != 0 && !pool.is_small && !block->segment->expandable && rest <= kSmallSize) return false;
-  *run = FreeRun{0, static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(rest),
-                 block->prev == nullptr && run_end == nullptr};
-  // Nothing else can compete when every indexed block is part of M, or none is large enough: both are
-  // O(1) to see, and common when a stream reuses one size in a loop (the search below costs more).
-  if (pool.blocks.size() == run_blocks || pool.blocks.LargestSize() < size) return true;
-  // The smallest indexed block that fits, skipping the ones that are part of M (they follow `block`).
-  for (auto it = pool.LowerBound(size); it != pool.blocks.end(); ++it) {
-    if (it->ptr > block->ptr && it->ptr < block->ptr + merged) continue;
-    return it->size > merged || (it->size == merged && it->ptr > block->ptr);
-  }
-  return true;
-}
-
-DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block,
-                                           const AllocationRequest& request) {
-  const bool small = pool.is_small;
-  block->allocated = true;
-  block->requested_size = request.requested;
-  shard.allocated.Insert(block->ptr, block);
-  CountAllocated(shard, block, small);
-  RecordBlockEvent(history_, HistoryAction::kAlloc, block);
-  return block->ptr;
-}
-
-stat_events::BlockFigures CachingAllocator::FiguresOf(const Block* block, bool small) const {
-  return {small, static_cast<std::int64_t>(block->size), static_cast<std::int64_t>(block->requested_size),
-          block->size >= config_.max_split_size};
-}
-
-void CachingAllocator::CountAllocated(StreamShard& shard, const Block* block, bool small) {
-  const stat_events::BlockFigures figures = FiguresOf(block, small);
-  if (shard.pool != nullptr) shard.pool->AddAllocated(figures.bytes, 1);
-  stat_events::BlockAllocated(shard.stats, figures);
-}
-
-void CachingAllocator::CountFreed(StreamShard& shard, const Block* block) {
-  const stat_events::BlockFigures figures = FiguresOf(block, block->segment->pool->is_small);
-  if (shard.pool != nullptr) shard.pool->AddAllocated(-figures.bytes, -1);
-  stat_events::BlockFreed(shard.stats, figures);
 }
 
 StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
@@ -335,10 +169,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
   }
   RecordBlockEvent(history_, HistoryAction::kFreeRequested, block);
   if (block->stream_uses.empty()) {
-    shard->allocated.Erase(ptr);
-    block->allocated = false;
-    CountFreed(*shard, block);
-    ReleaseBlock(*shard, block);
+    blocks_.Free(*shard, block);
     const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
     shard->mu.Unlock();
     ReleaseOrphanAfterFree(last_of_orphan);
@@ -381,83 +212,6 @@ PoolId CachingAllocator::LastBlockOfOrphan(const StreamShard& shard) const {
     return kDefaultPool;
   }
   return pool->id;
-}
-
-void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
-  RecordBlockEvent(history_, HistoryAction::kFreeCompleted, block);
-  block->requested_size = 0;  // kept while the free was pending, for the event above
-  stat_events::BlockReleased(shard.stats, block->segment->pool->is_small,
-                             static_cast<std::int64_t>(block->size));
-  InsertFree(shard, block);
-}
-
-void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
-  BlockPool& pool = *block->segment->pool;
-  // Only garbage collection reads the age (which shares its word with the requested size).
-  if (config_.garbage_collection_threshold > 0.0) block->gc_count_base = pool.free_block_lookups;
-  if (shard.quick.Push(block, &pool)) {
-    // Parked without merging; statistics count its free run as if it were merged.
-    if (!block->segment->expandable) {
-      stat_events::FreeRunChanged(shard.stats, pool.is_small, WalkFreeRun(block), /*joining=*/true);
-    }
-    return;
-  }
-  // Merging must see neighbours as they would be: parked blocks merge first. `block` is in neither free
-  // list yet, so it is held out of that flush (as if still allocated) and merges below, with the stats.
-  block->allocated = true;
-  FlushQuickCache(shard);
-  block->allocated = false;
-  std::int64_t merged = 0;
-  std::int64_t merged_bytes = 0;
-  for (Block* neighbour : {block->prev, block->next}) {
-    const std::size_t absorbed = neighbour != nullptr ? neighbour->size : 0;
-    if (TryMerge(shard, block, neighbour, pool)) {
-      ++merged;
-      merged_bytes += static_cast<std::int64_t>(absorbed);
-    }
-  }
-  if (!block->segment->expandable) {  // no inactive_split accounting for expandable segments (as PyTorch)
-    stat_events::FreeBlockCoalesced(shard.stats, pool.is_small, merged, merged_bytes, block->IsSplit(),
-                                    static_cast<std::int64_t>(block->size));
-  }
-  pool.Insert(block);
-}
-
-bool CachingAllocator::TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool) {
-  if (!Mergeable(dst, src)) return false;
-  if (src->in_quick) {
-    shard.quick.Remove(src);
-  } else if (!src->mapped) {
-    pool.unmapped.erase(src->ptr);
-  } else {
-    pool.Erase(src);
-  }
-  if (dst->prev == src) {
-    dst->ptr = src->ptr;
-    dst->prev = src->prev;
-    if (dst->prev != nullptr) dst->prev->next = dst;
-    if (dst->segment->head == src) dst->segment->head = dst;
-  } else {
-    dst->next = src->next;
-    if (dst->next != nullptr) dst->next->prev = dst;
-  }
-  dst->size += src->size;
-  shard.arena.Delete(src);
-  return true;
-}
-
-void CachingAllocator::FlushQuickCache(StreamShard& shard) {
-  // Statistics already count parked blocks as merged with their free neighbours: merging them now changes
-  // the layout, not the numbers.
-  shard.quick.Drain([&](Block* b) {
-    BlockPool& pool = *b->segment->pool;
-    // A run may alternate parked and indexed blocks: absorb neighbours until none is free.
-    while (TryMerge(shard, b, b->prev, pool)) {
-    }
-    while (TryMerge(shard, b, b->next, pool)) {
-    }
-    pool.Insert(b);
-  });
 }
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_NO_THREAD_SAFETY_ANALYSIS {

@@ -32,6 +32,7 @@
 #include "graphalloc/allocator/allocation_request.h"
 #include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/block.h"
+#include "graphalloc/allocator/block_cache.h"
 #include "graphalloc/allocator/block_pool.h"
 #include "graphalloc/allocator/config.h"
 #include "graphalloc/allocator/device/driver.h"
@@ -39,6 +40,7 @@
 #include "graphalloc/allocator/history/history_ring.h"
 #include "graphalloc/allocator/memory_budget.h"
 #include "graphalloc/allocator/pool_checkpoint.h"
+#include "graphalloc/allocator/pool_registry.h"
 #include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/segment_source.h"
 #include "graphalloc/allocator/shard_table.h"
@@ -151,34 +153,7 @@ class CachingAllocator {
   // pool is gone.
   StreamShard* ShardFor(PoolId pool, Stream stream);
 
-  // ---- Hot path (caching_allocator.cc). ----
-  Block* TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  DevicePtr FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block,
-                             const AllocationRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // A block that stopped being allocated (or waiting on events) goes back: merged into the index, or
-  // parked in the quick cache when merging would not change it.
-  void ReleaseBlock(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  void InsertFree(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // The free neighbours coalescing would merge with a block (caching_allocator.cc).
-  using FreeRun = stat_events::FreeRunFigures;
-  static FreeRun WalkFreeRun(const Block* block);
-  // True when handing out the parked `block` for a request of `size` is exactly what best fit would do;
-  // then `run` is the block's run, from the same walk, for the statistics.
-  bool QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block, std::size_t size,
-                         FreeRun* run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  DevicePtr FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block,
-                           const AllocationRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  bool TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  void FlushQuickCache(StreamShard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // The block as the statistics see it (stat_events.h).
-  stat_events::BlockFigures FiguresOf(const Block* block, bool small) const;
-  // A block is handed out, or freed by its owner: the shard's statistics and its pool's figures.
-  void CountAllocated(StreamShard& shard, const Block* block, bool small)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  void CountFreed(StreamShard& shard, const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  absl::Status FreeLocked(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // ---- Hot path (caching_allocator.cc; the cache itself is block_cache.h). ----
   // The id of the shard's pool when that pool waits only for its last live block to go (now gone), else
   // kDefaultPool: the caller then releases it (MaybeReleasePool) with the lock dropped.
   PoolId LastBlockOfOrphan(const StreamShard& shard) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
@@ -202,8 +177,6 @@ class CachingAllocator {
   // that pool only, unless pinned by a graph.
   absl::StatusOr<std::size_t> ReleaseCachedSegments(bool only_oversize, std::size_t wanted,
                                                     PoolId scope = kDefaultPool);
-  // Whether the release paths of `scope` may return memory of `shard` to the device.
-  bool Releasable(const StreamShard* shard, PoolId scope) const;
   absl::Status ReleaseSegments(std::vector<Segment*> segments);
   // Returns a regular segment's memory to where it came from: the driver, or the pool's segment source.
   absl::Status FreeSegmentMemory(const Segment& segment);
@@ -233,14 +206,6 @@ class CachingAllocator {
   // it; no driver error maps to Aborted). The caller holds unmap_gate_ through its unmaps.
   absl::Status WaitForWorkBeforeUnmap(std::optional<Stream> stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(unmap_gate_);
-  // Splits `b` at `at`: `b` keeps [ptr, at), the returned new block gets [at, end) with b's state.
-  Block* SplitOff(StreamShard& shard, Block* b, DevicePtr at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // Takes [begin, end) out of the free block `b` (indexed) as an in-flight block; the rest stays free.
-  Block* CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // A block out of every index (in flight or just mapped/unmapped) goes back: merged with neighbours of
-  // its mapped state, into the free index or the unmapped index.
-  void ReturnToIndex(StreamShard& shard, Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // The in-flight block `b`, tiled exactly by `chunks`, goes back with chunk i mapped iff mapped[i]. A chunk
   // with no_access[i] (mapped, but without access: see quarantine_) becomes a block of its own that stays in
   // flight, quarantined.
@@ -282,6 +247,8 @@ class CachingAllocator {
   absl::Status RunDeferredFrees();
   // Returns every byte of a pool without users or pins once it has no live block, and forgets it.
   absl::Status MaybeReleasePool(PoolId id);
+  // Forgets an orphaned pool whose memory is all gone, retiring its shards; nothing when some is left.
+  void ForgetPoolIfEmpty(PoolId id);
   // A default-pool allocation that failed tries the cached free blocks of use_on_oom pools.
   DevicePtr AllocateFromOomPools(const AllocationRequest& request);
   // Locks every shard of `pool` (in the lock order); returns them.
@@ -308,6 +275,8 @@ class CachingAllocator {
 
   // Every stream shard; AllShardsLock locks them all (shard_table.h).
   ShardTable shards_;
+  // What is done to a locked shard's blocks (block_cache.h).
+  BlockCache blocks_;
   // Device-wide state, touched only on the slow path. Lock order: the shard set, shards (in creation
   // order), then this.
   mutable Mutex device_mu_;
@@ -331,9 +300,8 @@ class CachingAllocator {
   std::vector<QuarantinedChunk> quarantine_ ABSL_GUARDED_BY(device_mu_);
   std::atomic<std::size_t> quarantined_{0};  // quarantine_.size(), read without the lock
 
-  // Private pools.
-  absl::btree_map<PoolId, std::unique_ptr<PoolState>> pools_ ABSL_GUARDED_BY(device_mu_);
-  PoolId next_pool_id_ ABSL_GUARDED_BY(device_mu_) = 1;
+  // Private pools (pool_registry.h).
+  PoolRegistry pools_ ABSL_GUARDED_BY(device_mu_);
   // Open routes (innermost last) and frees deferred until no capture route is open. A leaf lock: nothing
   // else is locked while it is held, except shard locks taken before it.
   mutable Mutex routes_mu_;

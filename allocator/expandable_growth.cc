@@ -117,10 +117,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shar
     GrowthPlan plan;
     {
       SpinLockHolder lock(&shard.mu);
-      FlushQuickCache(shard);
+      if (DevicePtr p = blocks_.AllocateBestFit(shard, request)) return p;
       BlockPool& pool = shard.PoolFor(size);
-      if (Block* block = TakeFreeBlock(shard, pool, size))
-        return FinishAllocation(shard, pool, block, request);
       plan.pool = &pool;
       if (!PlanGrowth(shard, pool, size, &plan)) plan.pool = nullptr;
     }
@@ -314,7 +312,7 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
     }
     if (have < hole.block->size) {
       // Only the last hole can be larger than what it maps: the rest stays unmapped.
-      Block* rest = SplitOff(shard, hole.block, hole.block->ptr + have);
+      Block* rest = blocks_.SplitOff(shard, hole.block, hole.block->ptr + have);
       rest->in_flight = false;
       pool.unmapped.emplace(rest->ptr, rest);
     }
@@ -329,7 +327,7 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
             [](const auto& a, const auto& b) { return a.first.ptr > b.first.ptr; });
   plan->stolen.resize(plan->stolen_chunks.size());
   for (const auto& [chunk, block] : carve) {
-    Block* mid = CarveRange(shard, block, chunk.ptr, chunk.ptr + chunk.size);
+    Block* mid = blocks_.CarveRange(shard, block, chunk.ptr, chunk.ptr + chunk.size);
     for (std::size_t k = 0; k < plan->stolen_chunks.size(); ++k) {
       if (plan->stolen_chunks[k].ptr == chunk.ptr) plan->stolen[k] = mid;
     }
@@ -460,7 +458,7 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   }
   for (Block* b : plan.run) {
     b->in_flight = false;
-    ReturnToIndex(shard, b);
+    blocks_.ReturnToIndex(shard, b);
   }
   if (error.ok()) return true;
   if (absl::IsResourceExhausted(error)) return false;
@@ -483,51 +481,6 @@ void CachingAllocator::AccountUnmapped(Segment* segment, const ChunkPlacement& c
                   0);
 }
 
-Block* CachingAllocator::SplitOff(StreamShard& shard, Block* b, DevicePtr at) {
-  Block* r = shard.arena.New();
-  r->ptr = at;
-  r->size = b->end() - at;
-  r->segment = b->segment;
-  r->mapped = b->mapped;
-  r->in_flight = b->in_flight;
-  r->gc_count_base = b->gc_count_base;
-  r->prev = b;
-  r->next = b->next;
-  if (r->next != nullptr) r->next->prev = r;
-  b->next = r;
-  b->size = at - b->ptr;
-  return r;
-}
-
-Block* CachingAllocator::CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end) {
-  BlockPool& pool = *b->segment->pool;
-  pool.Erase(b);
-  if (end < b->end()) pool.Insert(SplitOff(shard, b, end));
-  Block* mid = b;
-  if (begin > b->ptr) {
-    mid = SplitOff(shard, b, begin);
-    pool.Insert(b);
-  }
-  mid->in_flight = true;
-  return mid;
-}
-
-void CachingAllocator::ReturnToIndex(StreamShard& shard, Block* b) {
-  BlockPool& pool = *b->segment->pool;
-  // A neighbour may be parked in the quick cache next to an indexed block (another thread freed it while
-  // this growth ran unlocked): keep absorbing until no free neighbour is left.
-  while (TryMerge(shard, b, b->prev, pool)) {
-  }
-  while (TryMerge(shard, b, b->next, pool)) {
-  }
-  if (b->mapped) {
-    b->gc_count_base = pool.free_block_lookups;
-    pool.Insert(b);
-  } else {
-    pool.unmapped.emplace(b->ptr, b);
-  }
-}
-
 void CachingAllocator::SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,
                                       const std::vector<bool>& mapped, const std::vector<bool>& no_access) {
   auto quarantined = [&](std::size_t i) { return !no_access.empty() && no_access[i]; };
@@ -537,7 +490,7 @@ void CachingAllocator::SettleInFlight(StreamShard& shard, Block* b, std::span<co
   b->mapped = mapped[0];
   for (std::size_t i = 1; i < chunks.size(); ++i) {
     if (mapped[i] == mapped[i - 1] && !quarantined(i) && !quarantined(i - 1)) continue;
-    Block* piece = SplitOff(shard, pieces.back(), chunks[i].ptr);
+    Block* piece = blocks_.SplitOff(shard, pieces.back(), chunks[i].ptr);
     piece->mapped = mapped[i];
     pieces.push_back(piece);
     first_chunk.push_back(i);
@@ -551,7 +504,7 @@ void CachingAllocator::SettleInFlight(StreamShard& shard, Block* b, std::span<co
     }
   }
   for (Block* piece : pieces) {
-    if (!piece->in_flight) ReturnToIndex(shard, piece);
+    if (!piece->in_flight) blocks_.ReturnToIndex(shard, piece);
   }
 }
 

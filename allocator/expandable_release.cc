@@ -79,8 +79,8 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   {
     AllShardsLock lock(shards_, device_mu_);
     lock.ForEach([&](StreamShard* shard) {
-      if (!Releasable(shard, scope)) return;
-      FlushQuickCache(*shard);
+      if (!PoolRegistry::Releasable(shard->pool, scope)) return;
+      blocks_.FlushQuickCache(*shard);
       for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
         std::vector<Block*> candidates;
         for (auto it = pool->LowerBound(gran); it != pool->blocks.end(); ++it) {
@@ -89,7 +89,8 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
         for (Block* b : candidates) {
           std::vector<ChunkPlacement> chunks = b->segment->vmm->ChunksWithin(b->ptr, b->end());
           if (chunks.empty()) continue;
-          Block* mid = CarveRange(*shard, b, chunks.front().ptr, chunks.back().ptr + chunks.back().size);
+          Block* mid =
+              blocks_.CarveRange(*shard, b, chunks.front().ptr, chunks.back().ptr + chunks.back().size);
           jobs.push_back({shard, mid, std::move(chunks), {}});
         }
       }
@@ -146,7 +147,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
     for (const auto& [base, segment] : segments_) {
       const Block* head = segment->head;
       if (segment->vmm == nullptr || head->next != nullptr || head->mapped || head->in_flight) continue;
-      if (!Releasable(segment->shard, scope)) continue;
+      if (!PoolRegistry::Releasable(segment->shard->pool, scope)) continue;
       empty.push_back(segment);
     }
     for (Segment* segment : empty) {

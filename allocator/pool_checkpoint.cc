@@ -141,7 +141,7 @@ absl::StatusOr<PoolCheckpoint> CachingAllocator::Checkpoint(const PrivatePool& p
   absl::Status status = CheckPoolQuiet(shards);
   PoolCheckpoint checkpoint{.pool = pool.id(), .allocator_id = id_, .segments = {}};
   if (status.ok()) {
-    for (StreamShard* shard : shards) FlushQuickCache(*shard);
+    for (StreamShard* shard : shards) blocks_.FlushQuickCache(*shard);
     for (const auto& [base, segment] : segments_) {
       if (std::find(shards.begin(), shards.end(), segment->shard) == shards.end()) continue;
       CheckpointSegment s{.base = segment->base,
@@ -253,9 +253,9 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
             const DevicePtr e = std::min(end, u->end());
             bp.unmapped.erase(u->ptr);
             Block* mid = u;
-            if (e < u->end()) bp.unmapped.emplace(e, SplitOff(shard, u, e));
+            if (e < u->end()) bp.unmapped.emplace(e, blocks_.SplitOff(shard, u, e));
             if (b > u->ptr) {
-              mid = SplitOff(shard, u, b);
+              mid = blocks_.SplitOff(shard, u, b);
               bp.unmapped.emplace(u->ptr, u);
             }
             mid->in_flight = true;
@@ -351,7 +351,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       }
     }
   }
-  for (StreamShard* shard : shards) FlushQuickCache(*shard);
+  for (StreamShard* shard : shards) blocks_.FlushQuickCache(*shard);
 
   struct Live {
     DevicePtr ptr;
@@ -396,7 +396,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       if (b->allocated) {
         live_before.push_back({b->ptr, b->size, b->stream(), b->requested_size});
         shard.allocated.Erase(b->ptr);
-        delta.out.AddAllocated(FiguresOf(b, bp.is_small));
+        delta.out.AddAllocated(blocks_.FiguresOf(b, bp.is_small));
       } else {
         if (b->mapped) {
           bp.Erase(b);
@@ -473,7 +473,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
         b->allocated = true;
         b->requested_size = p.requested;
         shard.allocated.Insert(b->ptr, b);
-        delta.in.AddAllocated(FiguresOf(b, bp.is_small));
+        delta.in.AddAllocated(blocks_.FiguresOf(b, bp.is_small));
       } else if (p.mapped) {
         b->gc_count_base = bp.free_block_lookups;
         bp.Insert(b);
@@ -525,7 +525,8 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       }
       for (const ChunkPlacement& c : inside) {
         Block* b = BlockContaining(segment, c.ptr);
-        unmap_jobs.push_back({segment->shard, CarveRange(*segment->shard, b, c.ptr, c.ptr + c.size), c});
+        unmap_jobs.push_back(
+            {segment->shard, blocks_.CarveRange(*segment->shard, b, c.ptr, c.ptr + c.size), c});
       }
     }
   }

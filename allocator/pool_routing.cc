@@ -163,20 +163,14 @@ DevicePtr CachingAllocator::AllocateFromOomPools(const AllocationRequest& reques
   std::vector<PoolId> candidates;
   {
     MutexLock lock(&device_mu_);
-    for (const auto& [id, pool] : pools_) {
-      if (pool->use_on_oom.load(std::memory_order_relaxed) && !pool->orphaned.load(std::memory_order_relaxed))
-        candidates.push_back(id);
-    }
+    candidates = pools_.UseOnOomPools();
   }
   for (PoolId id : candidates) {
     StreamShard* shard = shards_.Find(id, request.stream);
     if (shard == nullptr) continue;
     SpinLockHolder lock(&shard->mu);
     if (shard->pool == nullptr || shard->pool->id != id) continue;  // released meanwhile
-    FlushQuickCache(*shard);
-    BlockPool& pool = shard->PoolFor(request.size);
-    if (Block* block = TakeFreeBlock(*shard, pool, request.size))
-      return FinishAllocation(*shard, pool, block, request);
+    if (DevicePtr p = blocks_.AllocateBestFit(*shard, request)) return p;
   }
   return 0;
 }

@@ -55,10 +55,10 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->requested_size,
                   static_cast<std::uint64_t>(block->stream()), 0);
   block->allocated = false;
-  CountFreed(shard, block);
+  blocks_.CountFreed(shard, block);
   block->stream_uses.clear();
   if (live == 0) {  // every recorded stream was gone, and the device is synchronized: free now
-    ReleaseBlock(shard, block);
+    blocks_.Release(shard, block);
     return absl::OkStatus();
   }
   block->event_count = static_cast<int>(live);
@@ -72,7 +72,7 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
 void CachingAllocator::CompleteEvent(StreamShard& shard, const PendingEvent& pending) {
   shard.idle_events.push_back(pending.event);
   shard.pending_event_count.fetch_sub(1, std::memory_order_relaxed);
-  if (--pending.block->event_count == 0) ReleaseBlock(shard, pending.block);
+  if (--pending.block->event_count == 0) blocks_.Release(shard, pending.block);
 }
 
 void CachingAllocator::ProcessEvents(StreamShard& shard) {

@@ -1,0 +1,220 @@
+// Private pools, the allocator's side: handles, creation, users and pins (kept by PoolRegistry), per-pool
+// statistics and cache release, and the release of a pool nobody uses any more.
+#include "absl/strings/str_format.h"
+#include "graphalloc/allocator/caching_allocator.h"
+
+namespace graphalloc {
+
+// ---- Handles. ----
+
+PrivatePool::PrivatePool(const PrivatePool& other) : use_(other.allocator(), other.id()) {
+  // The source holds a use, so the pool exists and the count cannot fail to rise.
+  if (CachingAllocator* allocator = use_.allocator()) (void)allocator->AddPoolUser(use_.target());
+}
+
+PrivatePool& PrivatePool::operator=(const PrivatePool& other) {
+  if (this != &other) {
+    PrivatePool copy(other);
+    *this = std::move(copy);
+  }
+  return *this;
+}
+
+void PrivatePool::DropUser(CachingAllocator& allocator, const PoolId& id) { allocator.DropPoolUser(id); }
+
+void GraphPin::Unpin(CachingAllocator& allocator, const PoolId& pool) { allocator.DropPin(pool); }
+
+// ---- Registry. ----
+
+absl::StatusOr<PrivatePool> CachingAllocator::CreatePool(PoolOptions options,
+                                                         std::shared_ptr<SegmentSource> segment_source) {
+  MutexLock lock(&device_mu_);
+  return PrivatePool(this, pools_.Create(options, std::move(segment_source)));
+}
+
+absl::StatusOr<PrivatePool> CachingAllocator::AcquirePool(PoolId id) {
+  if (absl::Status s = AddPoolUser(id); !s.ok()) return s;
+  return PrivatePool(this, id);
+}
+
+absl::Status CachingAllocator::AddPoolUser(PoolId id) {
+  MutexLock lock(&device_mu_);
+  return pools_.AddUser(id);
+}
+
+void CachingAllocator::DropPoolUser(PoolId id) {
+  bool last = false;
+  {
+    MutexLock lock(&device_mu_);
+    last = pools_.DropUser(id);
+  }
+  // Nobody is left to hear about a failure here: the pool's memory stays cached and EmptyCache retries.
+  if (last) (void)MaybeReleasePool(id);
+}
+
+absl::StatusOr<GraphPin> CachingAllocator::PinForGraph(const PrivatePool& pool) {
+  if (pool.allocator() != this) {
+    return absl::InvalidArgumentError("PinForGraph: the pool belongs to another allocator (or is empty)");
+  }
+  MutexLock lock(&device_mu_);
+  if (absl::Status s = pools_.AddPin(pool.id()); !s.ok()) return s;
+  return GraphPin(this, pool.id());
+}
+
+void CachingAllocator::DropPin(PoolId id) {
+  bool last = false;
+  {
+    MutexLock lock(&device_mu_);
+    last = pools_.DropPin(id);
+  }
+  if (last) (void)MaybeReleasePool(id);
+}
+
+absl::StatusOr<PoolStats> CachingAllocator::GetPoolStats(PoolId id) const {
+  MutexLock lock(&device_mu_);
+  const PoolState* found = pools_.Find(id);
+  if (found == nullptr) return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", id));
+  const PoolState& pool = *found;
+  PoolStats stats;
+  stats.reserved_bytes = static_cast<std::size_t>(pool.reserved_bytes);
+  stats.peak_reserved_bytes = static_cast<std::size_t>(pool.peak_reserved_bytes);
+  stats.allocated_bytes = static_cast<std::size_t>(pool.allocated_bytes.load(std::memory_order_relaxed));
+  stats.peak_allocated_bytes =
+      static_cast<std::size_t>(pool.peak_allocated_bytes.load(std::memory_order_relaxed));
+  stats.live_blocks = static_cast<std::size_t>(pool.live_blocks.load(std::memory_order_relaxed));
+  stats.use_count = pool.users.load(std::memory_order_relaxed);
+  stats.graph_pins = pool.pins.load(std::memory_order_relaxed);
+  for (const auto& [base, segment] : segments_) {
+    if (segment->shard->pool == &pool) ++stats.segments;
+  }
+  return stats;
+}
+
+absl::Status CachingAllocator::SetPoolUseOnOom(PoolId id, bool use_on_oom) {
+  MutexLock lock(&device_mu_);
+  return pools_.SetUseOnOom(id, use_on_oom);
+}
+
+absl::Status CachingAllocator::EmptyPoolCache(PoolId id) {
+  {
+    MutexLock lock(&device_mu_);
+    if (pools_.Find(id) == nullptr) {
+      return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", id));
+    }
+  }
+  if (captures_underway_.load(std::memory_order_acquire) > 0) {
+    return absl::FailedPreconditionError(
+        "EmptyPoolCache during a CUDA graph capture: freeing device memory is illegal while capturing; call "
+        "it "
+        "after the capture ends");
+  }
+  if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
+  return ReleaseCachedSegments(/*only_oversize=*/false, 0, id).status();
+}
+
+absl::Status CachingAllocator::MaybeReleasePool(PoolId id) {
+  {
+    MutexLock lock(&device_mu_);
+    const PoolState* pool = pools_.Find(id);
+    if (pool == nullptr || !pool->orphaned.load(std::memory_order_acquire)) return absl::OkStatus();
+    if (pool->live_blocks.load(std::memory_order_acquire) != 0) return absl::OkStatus();
+  }
+  // A replay of a graph that used the pool may still run on some stream even though its handles are gone,
+  // and freed blocks may still wait on events: the device finishes first, as PyTorch does before it frees
+  // a graph pool. (Not while capturing: the memory then stays until EmptyCache.)
+  {
+    MutexLock gate(&unmap_gate_);  // no capture begins while the device synchronizes
+    if (absl::Status s = WaitForWorkBeforeUnmap(std::nullopt); !s.ok()) {
+      return absl::IsAborted(s) ? absl::OkStatus() : s;
+    }
+  }
+  if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
+  absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0, id);
+  if (!freed.ok()) return freed.status();
+  ForgetPoolIfEmpty(id);
+  return absl::OkStatus();
+}
+
+void CachingAllocator::ForgetPoolIfEmpty(PoolId id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  AllShardsLock lock(shards_, device_mu_);
+  const PoolState* pool = pools_.Find(id);
+  if (pool == nullptr || !pool->orphaned.load(std::memory_order_acquire) ||
+      pool->live_blocks.load(std::memory_order_acquire) != 0) {
+    return;
+  }
+  for (const auto& [base, segment] : segments_) {
+    if (segment->shard->pool == pool) return;  // a segment stays: a later EmptyCache finishes the job
+  }
+  bool busy = false;
+  lock.ForEach([&](StreamShard* shard) {
+    if (shard->pool != pool) return;
+    busy = busy || shard->arena.live() != 0 ||
+           shard->pending_event_count.load(std::memory_order_relaxed) != 0 || shard->blocks_in_release != 0;
+  });
+  if (busy) return;
+  lock.ForEach([&](StreamShard* shard) {
+    if (shard->pool == pool) shards_.Retire(shard);
+  });
+  pools_.Forget(id);
+}
+
+std::vector<StreamShard*> CachingAllocator::LockPoolShards(PoolId pool) const {
+  std::vector<StreamShard*> shards;
+  shards_.ForEach([&](StreamShard* s) {
+    if (s->key_pool.load(std::memory_order_acquire) != pool) return;
+    s->mu.Lock();
+    // Re-keyed between the check and the lock: not ours after all.
+    if (s->pool == nullptr || s->pool->id != pool) {
+      s->mu.Unlock();
+      return;
+    }
+    shards.push_back(s);
+  });
+  return shards;
+}
+
+absl::Status CachingAllocator::CheckPoolInvariants() const {
+  absl::Status status;
+  pools_.ForEach([&](PoolId id, const PoolState& state) {
+    if (!status.ok()) return;
+    const PoolState* pool = &state;
+    std::int64_t reserved = 0;
+    for (const auto& [base, segment] : segments_) {
+      if (segment->shard->pool != pool) continue;
+      reserved +=
+          static_cast<std::int64_t>(segment->vmm != nullptr ? segment->vmm->mapped_bytes() : segment->size);
+    }
+    if (reserved != pool->reserved_bytes) {
+      status = absl::InternalError(absl::StrFormat(
+          "allocator invariant violated: pool %d reserved_bytes is %d but its segments hold %d", id,
+          pool->reserved_bytes, reserved));
+      return;
+    }
+    if (pool->peak_reserved_bytes < pool->reserved_bytes) {
+      status = absl::InternalError(
+          absl::StrFormat("allocator invariant violated: pool %d peak below current", id));
+      return;
+    }
+    std::int64_t allocated = 0;
+    std::int64_t live = 0;
+    shards_.ForEach([&](StreamShard* shard) {
+      if (shard->pool != pool) return;
+      for (const auto& [base, segment] : segments_) {
+        if (segment->shard != shard) continue;
+        for (const Block* b = segment->head; b != nullptr; b = b->next) {
+          if (!b->allocated) continue;
+          allocated += static_cast<std::int64_t>(b->size);
+          ++live;
+        }
+      }
+    });
+    if (allocated != pool->allocated_bytes.load() || live != pool->live_blocks.load()) {
+      status = absl::InternalError(absl::StrFormat(
+          "allocator invariant violated: pool %d counts %d bytes in %d live blocks, its blocks say %d in %d",
+          id, pool->allocated_bytes.load(), pool->live_blocks.load(), allocated, live));
+    }
+  });
+  return status;
+}
+
+}  // namespace graphalloc
