@@ -37,7 +37,7 @@ class RelaxedCaptureMode {
 
 absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard,
                                                          const AllocationRequest& request) {
-  if (captures_underway_.load(std::memory_order_acquire) > 0) return AllocateDuringCapture(shard, request);
+  if (captures_.underway()) return AllocateDuringCapture(shard, request);
   const std::size_t size = request.size;
   // Another thread may have freed a fitting block since the fast path looked, and the quick cache may hold
   // blocks that merge into one that fits: each step below retries the cache before asking for more.
@@ -348,7 +348,7 @@ absl::Status CachingAllocator::OutOfMemory(const AllocationRequest& request) {
 }
 
 absl::Status CachingAllocator::EmptyCache() {
-  if (captures_underway_.load(std::memory_order_acquire) > 0) {
+  if (captures_.underway()) {
     return absl::FailedPreconditionError(
         "EmptyCache during a CUDA graph capture: freeing device memory is illegal while capturing (and the "
         "capture may use the cached memory); call it after the capture ends");

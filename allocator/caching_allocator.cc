@@ -24,6 +24,18 @@ struct ShardCache {
 };
 thread_local ShardCache tls_shard;
 
+absl::Status RequestTooLarge(std::size_t bytes) {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "out of memory: tried to allocate %d bytes, more than 1 EiB; no device has that much memory", bytes));
+}
+
+absl::Status NoShardLeft(Stream stream) {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "Allocate on stream 0x%x: this allocator already serves %d (pool, stream) pairs, its maximum; reuse "
+      "streams (a stream pool) instead of creating one per operation",
+      static_cast<std::uintptr_t>(stream), ShardTable::kMaxShards));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::shared_ptr<Driver> driver,
@@ -41,7 +53,8 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       config_(config),
       id_(next_allocator_id.fetch_add(1)),
       blocks_(config_, history_),
-      budget_(driver_->Info().total_memory) {
+      budget_(driver_->Info().total_memory),
+      captures_(*driver_) {
   if (config_.record_history) {
     // The options were validated by Config::Parse; a failure here can only be a programming error.
     (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
@@ -109,22 +122,13 @@ StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
 
 absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return DevicePtr{0};
-  if (bytes > kMaxRequest) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "out of memory: tried to allocate %d bytes, more than 1 EiB; no device has that much memory", bytes));
-  }
-  const PoolId pool_id =
-      open_routes_.load(std::memory_order_acquire) == 0 ? kDefaultPool : RoutedPool(stream);
-  StreamShard* shard = ShardFor(pool_id, stream);
-  if (shard == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "Allocate on stream 0x%x: this allocator already serves %d (pool, stream) pairs, its maximum; reuse "
-        "streams (a stream pool) instead of creating one per operation",
-        static_cast<std::uintptr_t>(stream), ShardTable::kMaxShards));
-  }
+  if (bytes > kMaxRequest) return RequestTooLarge(bytes);
+  const PoolId pool = routes_.any_open() ? routes_.Route(stream, *driver_) : kDefaultPool;
+  StreamShard* shard = ShardFor(pool, stream);
+  if (shard == nullptr) return NoShardLeft(stream);
   // Event queries are illegal while a capture is underway: they wait for the capture to end.
   if (shard->pending_event_count.load(std::memory_order_relaxed) > 0 &&
-      captures_underway_.load(std::memory_order_relaxed) == 0) {
+      !captures_.underway(std::memory_order_relaxed)) {
     ProcessEvents(*shard);
   }
   const AllocationRequest request(bytes, stream, config_);
@@ -168,32 +172,10 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     return UnknownPointerError("Free", ptr);
   }
   RecordBlockEvent(history_, HistoryAction::kFreeRequested, block);
-  if (block->stream_uses.empty()) {
-    blocks_.Free(*shard, block);
-    const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
-    shard->mu.Unlock();
-    ReleaseOrphanAfterFree(last_of_orphan);
-    return absl::OkStatus();
-  }
-  // Marked at once, so that a concurrent second Free of the same pointer is refused.
-  block->freeing = true;
-  if (captures_underway_.load(std::memory_order_acquire) > 0) {
-    // Recording events on streams that may be capturing would put them into the graph (and querying them
-    // later is illegal): the free waits until the last capture route ends (RunDeferredFrees).
-    MutexLock lock(&routes_mu_);
-    if (captures_underway_.load(std::memory_order_relaxed) > 0) {
-      deferred_frees_.emplace_back(shard, block);
-      shard->mu.Unlock();
-      return absl::OkStatus();
-    }
-  }
+  if (!block->stream_uses.empty()) return FreeUsedOnOtherStreams(*shard, ptr, block);
+  blocks_.Free(*shard, block);
+  const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();
-  if (absl::Status s = FreeWithStreamUses(*shard, ptr, block); !s.ok()) return s;
-  PoolId last_of_orphan = kDefaultPool;
-  {
-    SpinLockHolder lock(&shard->mu);
-    last_of_orphan = LastBlockOfOrphan(*shard);
-  }
   ReleaseOrphanAfterFree(last_of_orphan);
   return absl::OkStatus();
 }

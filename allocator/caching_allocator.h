@@ -34,6 +34,7 @@
 #include "graphalloc/allocator/block.h"
 #include "graphalloc/allocator/block_cache.h"
 #include "graphalloc/allocator/block_pool.h"
+#include "graphalloc/allocator/capture_tracker.h"
 #include "graphalloc/allocator/config.h"
 #include "graphalloc/allocator/device/driver.h"
 #include "graphalloc/allocator/handle_cache.h"
@@ -42,6 +43,7 @@
 #include "graphalloc/allocator/pool_checkpoint.h"
 #include "graphalloc/allocator/pool_registry.h"
 #include "graphalloc/allocator/private_pool.h"
+#include "graphalloc/allocator/route_table.h"
 #include "graphalloc/allocator/segment_source.h"
 #include "graphalloc/allocator/shard_table.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
@@ -200,12 +202,6 @@ class CachingAllocator {
   absl::StatusOr<std::size_t> ReleaseExpandableMemory(PoolId scope = kDefaultPool);
   // Releases every cached physical handle to the device.
   absl::Status ReleaseCachedHandles();
-  // Before memory of freed blocks is unmapped: waits for the work queued before those frees (a free is
-  // stream-ordered, an unmap is not), on `stream`, or the whole device for nullopt or a stream the driver
-  // does not know. Aborted, waiting for nothing, while a capture is underway (a synchronization would break
-  // it; no driver error maps to Aborted). The caller holds unmap_gate_ through its unmaps.
-  absl::Status WaitForWorkBeforeUnmap(std::optional<Stream> stream)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(unmap_gate_);
   // The in-flight block `b`, tiled exactly by `chunks`, goes back with chunk i mapped iff mapped[i]. A chunk
   // with no_access[i] (mapped, but without access: see quarantine_) becomes a block of its own that stays in
   // flight, quarantined.
@@ -223,22 +219,6 @@ class CachingAllocator {
   absl::Status OutOfMemory(const AllocationRequest& request);
 
   // ---- Private pools (pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
-  // A kPredicate route's predicate, shared by the route and the copies RoutedPool evaluates unlocked.
-  struct RoutePredicate {
-    explicit RoutePredicate(std::function<bool(Stream)> f) : fn(std::move(f)) {}
-    const std::function<bool(Stream)> fn;
-    // Copies taken (under routes_mu_) and not yet done with: EndRoute waits for 0, so that the predicate is
-    // never called after the route has ended (it may refer to its caller's objects, which die then).
-    std::atomic<int> evaluating{0};
-  };
-  struct OpenRoute {
-    std::uint64_t id = 0;
-    PoolId pool = kDefaultPool;
-    PoolRouteFilter filter;  // without its predicate, which `predicate` holds: copies stay cheap
-    std::shared_ptr<RoutePredicate> predicate;
-  };
-  // The pool an allocation on `stream` by this thread goes to (the innermost matching route).
-  PoolId RoutedPool(Stream stream);
   absl::Status AddPoolUser(PoolId id);
   void DropPoolUser(PoolId id);
   void DropPin(PoolId id);
@@ -257,6 +237,10 @@ class CachingAllocator {
   absl::Status CheckPoolInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
 
   // ---- Stream events (stream_events.cc). ----
+  // Free() of a block recorded on other streams (its shard locked; unlocked on return): deferred while a
+  // capture is underway, else an event on each of those streams holds it until their work is done.
+  absl::Status FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block)
+      ABSL_UNLOCK_FUNCTION(shard.mu);
   absl::Status FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block);
   void ProcessEvents(StreamShard& shard);
   absl::Status SynchronizeAndFreeEvents();
@@ -302,18 +286,10 @@ class CachingAllocator {
 
   // Private pools (pool_registry.h).
   PoolRegistry pools_ ABSL_GUARDED_BY(device_mu_);
-  // Open routes (innermost last) and frees deferred until no capture route is open. A leaf lock: nothing
-  // else is locked while it is held, except shard locks taken before it.
-  mutable Mutex routes_mu_;
-  std::vector<OpenRoute> routes_ ABSL_GUARDED_BY(routes_mu_);
-  std::uint64_t next_route_id_ ABSL_GUARDED_BY(routes_mu_) = 1;
-  std::vector<std::pair<StreamShard*, Block*>> deferred_frees_ ABSL_GUARDED_BY(routes_mu_);
-  std::atomic<int> open_routes_{0};
-  std::atomic<int> captures_underway_{0};  // open capture routes
-  // Held from "no capture underway" through the synchronization and the unmaps that depend on it (a
-  // synchronization would break a capture). A capture route is counted in captures_underway_ under it,
-  // so a capture cannot begin in between. Taken with no other allocator lock held.
-  Mutex unmap_gate_;
+  // Whether a capture is underway, and the gate between captures and synchronizations (capture_tracker.h).
+  CaptureTracker captures_;
+  // Open routes and frees deferred until no capture route is open (route_table.h).
+  RouteTable routes_;
 };
 
 }  // namespace graphalloc

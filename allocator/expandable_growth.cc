@@ -111,7 +111,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateExpandable(StreamShard& shar
   if (size > reservation) return DevicePtr{0};
   // A chunk left mapped without access by an earlier failure is fixed before more memory is mapped (it
   // may serve this request then). Not unmapped during a capture, which forbids freeing device memory.
-  (void)RepairQuarantinedChunks(/*may_unmap=*/captures_underway_.load(std::memory_order_acquire) == 0);
+  (void)RepairQuarantinedChunks(/*may_unmap=*/!captures_.underway());
   bool created = false;
   for (int attempt = 0; attempt < 8; ++attempt) {
     GrowthPlan plan;
@@ -209,7 +209,7 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
   // temporaries (free between replays) at the addresses they were captured with. And a move waits for the
   // stream's work (ExecuteGrowth), which a capture cannot do.
   const bool pinned = shard.pool != nullptr && shard.pool->pins.load(std::memory_order_acquire) > 0;
-  const bool capturing = captures_underway_.load(std::memory_order_acquire) > 0;
+  const bool capturing = captures_.underway();
   for (BlockPool* p : {&shard.large_pool, &shard.small_pool}) {
     if (pinned || capturing) break;
     for (auto it = p->LowerBound(gran); it != p->blocks.end(); ++it) {
@@ -360,8 +360,8 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   // again, and the next plan moves nothing (it sees the capture).
   std::vector<bool> stolen_unmapped(plan.stolen_chunks.size(), false);
   if (error.ok() && !plan.stolen_chunks.empty()) {
-    MutexLock gate(&unmap_gate_);
-    error = WaitForWorkBeforeUnmap(shard.stream);
+    MutexLock gate(&captures_.gate());
+    error = captures_.WaitForWorkBeforeUnmap(shard.stream);
     for (std::size_t i = 0; error.ok() && i < plan.stolen_chunks.size(); ++i) {
       const ChunkPlacement& c = plan.stolen_chunks[i];
       absl::Status s = driver_->MemUnmap(c.ptr, c.size);

@@ -9,14 +9,6 @@
 
 namespace graphalloc {
 
-absl::Status CachingAllocator::WaitForWorkBeforeUnmap(std::optional<Stream> stream) {
-  if (captures_underway_.load(std::memory_order_acquire) > 0) {
-    return absl::AbortedError("a capture is underway: freed memory stays mapped until it ends");
-  }
-  if (stream.has_value() && driver_->StreamSynchronize(*stream).ok()) return absl::OkStatus();
-  return driver_->DeviceSynchronize();
-}
-
 absl::Status CachingAllocator::RepairQuarantinedChunks(bool may_unmap) {
   if (quarantined_.load(std::memory_order_relaxed) == 0) return absl::OkStatus();
   std::vector<QuarantinedChunk> work;
@@ -101,10 +93,10 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
   // Work queued before the blocks were freed may still use them: an unmap is not stream-ordered, so the
   // device finishes that work first (as PyTorch does before it unmaps). Without that, nothing is unmapped;
   // nor when a capture began since the caller checked (synchronizing would break it).
-  unmap_gate_.Lock();
+  captures_.gate().Lock();
   bool device_idle = true;
   if (!jobs.empty()) {
-    absl::Status s = WaitForWorkBeforeUnmap(std::nullopt);
+    absl::Status s = captures_.WaitForWorkBeforeUnmap(std::nullopt);
     device_idle = s.ok();
     if (!s.ok() && !absl::IsAborted(s) && first_error.ok()) first_error = s;
   }
@@ -121,7 +113,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
       }
     }
   }
-  unmap_gate_.Unlock();
+  captures_.gate().Unlock();
   std::vector<ChunkPlacement> kept;  // handles the device refused to release: cached again
   for (const ChunkPlacement& h : to_release) {
     absl::Status s = driver_->MemRelease(h.handle);

@@ -135,7 +135,7 @@ absl::StatusOr<PoolCheckpoint> CachingAllocator::Checkpoint(const PrivatePool& p
     return absl::InvalidArgumentError("Checkpoint: the pool handle is empty or belongs to another allocator");
   }
   // A quarantined chunk would make the pool look busy (CheckPoolQuiet): fix what can be fixed first.
-  (void)RepairQuarantinedChunks(/*may_unmap=*/captures_underway_.load(std::memory_order_acquire) == 0);
+  (void)RepairQuarantinedChunks(/*may_unmap=*/!captures_.underway());
   std::vector<StreamShard*> shards = LockPoolShards(pool.id());
   device_mu_.Lock();
   absl::Status status = CheckPoolQuiet(shards);
@@ -176,7 +176,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
         "Restore: the checkpoint is of pool %d%s, not of pool %d of this allocator", checkpoint.pool,
         checkpoint.allocator_id != id_ ? " of another allocator" : "", pool.id()));
   }
-  if (captures_underway_.load(std::memory_order_acquire) > 0) {
+  if (captures_.underway()) {
     return absl::FailedPreconditionError(
         "Restore during a CUDA graph capture: it may unmap memory, which is illegal while capturing");
   }
@@ -540,14 +540,14 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   // The blocks restored to free may have been used by work still queued: it completes before any unmap (an
   // unmap is not stream-ordered). If the device cannot say it has, the chunks stay mapped.
   // Nor when a capture began since the call was admitted (synchronizing would break it).
-  unmap_gate_.Lock();
-  const bool device_idle = WaitForWorkBeforeUnmap(std::nullopt).ok();
+  captures_.gate().Lock();
+  const bool device_idle = captures_.WaitForWorkBeforeUnmap(std::nullopt).ok();
   for (UnmapJob& job : unmap_jobs) {
     const PoolState* owner = job.shard->pool;
     const bool pinned = owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0;
     job.unmapped = device_idle && !pinned && driver_->MemUnmap(job.chunk.ptr, job.chunk.size).ok();
   }
-  unmap_gate_.Unlock();
+  captures_.gate().Unlock();
   shards = LockPoolShards(pool.id());
   device_mu_.Lock();
   for (UnmapJob& job : unmap_jobs) {

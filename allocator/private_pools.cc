@@ -1,5 +1,6 @@
-// Private pools, the allocator's side: handles, creation, users and pins (kept by PoolRegistry), per-pool
-// statistics and cache release, and the release of a pool nobody uses any more.
+// Private pools, the allocator's side: handles, creation, users and pins (kept by PoolRegistry), routes
+// (kept by RouteTable) and frees deferred until captures end, use_on_oom, per-pool statistics and cache
+// release, and the release of a pool nobody uses any more.
 #include "absl/strings/str_format.h"
 #include "graphalloc/allocator/caching_allocator.h"
 
@@ -102,7 +103,7 @@ absl::Status CachingAllocator::EmptyPoolCache(PoolId id) {
       return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", id));
     }
   }
-  if (captures_underway_.load(std::memory_order_acquire) > 0) {
+  if (captures_.underway()) {
     return absl::FailedPreconditionError(
         "EmptyPoolCache during a CUDA graph capture: freeing device memory is illegal while capturing; call "
         "it "
@@ -123,8 +124,8 @@ absl::Status CachingAllocator::MaybeReleasePool(PoolId id) {
   // and freed blocks may still wait on events: the device finishes first, as PyTorch does before it frees
   // a graph pool. (Not while capturing: the memory then stays until EmptyCache.)
   {
-    MutexLock gate(&unmap_gate_);  // no capture begins while the device synchronizes
-    if (absl::Status s = WaitForWorkBeforeUnmap(std::nullopt); !s.ok()) {
+    MutexLock gate(&captures_.gate());  // no capture begins while the device synchronizes
+    if (absl::Status s = captures_.WaitForWorkBeforeUnmap(std::nullopt); !s.ok()) {
       return absl::IsAborted(s) ? absl::OkStatus() : s;
     }
   }
@@ -215,6 +216,83 @@ absl::Status CachingAllocator::CheckPoolInvariants() const {
     }
   });
   return status;
+}
+
+// ---- Routes. ----
+absl::Status PoolRoute::End() {
+  CachingAllocator* allocator = route_.Release();
+  if (allocator == nullptr) return absl::OkStatus();
+  return allocator->EndRoute(route_.target().route_id);
+}
+
+void PoolRoute::EndIgnoringErrors(CachingAllocator& allocator, const Target& route) {
+  (void)allocator.EndRoute(route.route_id);
+}
+
+absl::StatusOr<PoolRoute> CachingAllocator::BeginAllocateToPool(const PrivatePool& pool,
+                                                                PoolRouteFilter filter) {
+  if (pool.allocator() != this) {
+    return absl::InvalidArgumentError(
+        "BeginAllocateToPool: the pool handle is empty or belongs to another allocator");
+  }
+  if (filter.kind == PoolRouteFilter::Kind::kCapture) {
+    absl::StatusOr<CaptureInfo> info = driver_->GetCaptureInfo(filter.stream);
+    if (!info.ok()) return info.status();
+    if (info->status != CaptureStatus::kActive) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "BeginAllocateToPool: stream 0x%x is not capturing; begin the capture first, then route it",
+          static_cast<std::uintptr_t>(filter.stream)));
+    }
+    filter.capture_id = info->id;
+  }
+  if (filter.kind == PoolRouteFilter::Kind::kPredicate && !filter.predicate) {
+    return absl::InvalidArgumentError(
+        "BeginAllocateToPool: a predicate route needs a predicate (it is empty)");
+  }
+  if (absl::Status s = AddPoolUser(pool.id()); !s.ok()) return s;
+  // A release that found no capture underway finishes its synchronization and unmaps first.
+  if (filter.IsCaptureRoute()) captures_.Begin();
+  return PoolRoute(this, routes_.Open(pool.id(), std::move(filter)), pool.id());
+}
+
+absl::Status CachingAllocator::EndRoute(std::uint64_t route_id) {
+  std::optional<RouteTable::Closed> closed = routes_.Close(route_id, captures_);
+  if (!closed.has_value()) return absl::OkStatus();
+  absl::Status status;
+  if (closed->captures_over) status = RunDeferredFrees();
+  DropPoolUser(closed->pool);
+  return status;
+}
+
+absl::Status CachingAllocator::RunDeferredFrees() {
+  absl::Status first_error;
+  for (auto& [shard, block] : routes_.TakeDeferredFrees(captures_)) {
+    absl::Status s = FreeWithStreamUses(*shard, block->ptr, block);
+    if (s.ok()) continue;
+    // The block stays allocated (FreeWithStreamUses' guarantee); its owner already let go of it, so it
+    // waits for the next attempt rather than leaking.
+    if (first_error.ok()) first_error = s;
+    SpinLockHolder shard_lock(&shard->mu);
+    block->freeing = true;
+    routes_.Defer(shard, block);
+  }
+  return first_error;
+}
+
+DevicePtr CachingAllocator::AllocateFromOomPools(const AllocationRequest& request) {
+  std::vector<PoolId> candidates;
+  {
+    MutexLock lock(&device_mu_);
+    candidates = pools_.UseOnOomPools();
+  }
+  for (PoolId id : candidates) {
+    StreamShard* shard = shards_.Find(id, request.stream);
+    if (shard == nullptr) continue;
+    SpinLockHolder lock(&shard->mu);
+    if (shard->pool == nullptr || shard->pool->id != id) continue;  // released meanwhile
+    if (DevicePtr p = blocks_.AllocateBestFit(*shard, request)) return p;
+  }
+  return 0;
 }
 
 }  // namespace graphalloc

@@ -9,6 +9,26 @@
 
 namespace graphalloc {
 
+absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block) {
+  // Marked at once, so that a concurrent second Free of the same pointer is refused.
+  block->freeing = true;
+  // Recording events on streams that may be capturing would put them into the graph (and querying them
+  // later is illegal): the free waits until the last capture route ends (RunDeferredFrees).
+  if (captures_.underway() && routes_.DeferWhileCapturing(&shard, block, captures_)) {
+    shard.mu.Unlock();
+    return absl::OkStatus();
+  }
+  shard.mu.Unlock();
+  if (absl::Status s = FreeWithStreamUses(shard, ptr, block); !s.ok()) return s;
+  PoolId last_of_orphan = kDefaultPool;
+  {
+    SpinLockHolder lock(&shard.mu);
+    last_of_orphan = LastBlockOfOrphan(shard);
+  }
+  ReleaseOrphanAfterFree(last_of_orphan);
+  return absl::OkStatus();
+}
+
 absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block) {
   absl::InlinedVector<Stream, 2> streams;
   absl::InlinedVector<Event, 2> events;
