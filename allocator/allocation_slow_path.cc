@@ -72,7 +72,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard,
   if (!freed.ok()) return freed.status();
   {
     MutexLock lock(&device_mu_);
-    ++device_stats_.num_alloc_retries;
+    ++segments_.stats().num_alloc_retries;
   }
   result = new_segment();
   if (!result.ok() || *result != 0) return result;
@@ -118,7 +118,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
       no_split ? RoundUp(request.size, kRoundLarge) : SegmentSizeFor(request.size, config_);
   {
     MutexLock lock(&device_mu_);
-    const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
+    const auto reserved = segments_.reserved_bytes();
     if (!budget_.BeginSegment(reserved, segment_size)) return DevicePtr{0};
   }
   const std::shared_ptr<SegmentSource> source = shard.pool != nullptr ? shard.pool->segment_source : nullptr;
@@ -142,8 +142,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
     segment->source = source;
     segment->shard = &shard;
     segment->pool = &pool;
-    LinkSegment(segment);
-    ++device_stats_.num_device_alloc;
+    segments_.Link(segment);
+    ++segments_.stats().num_device_alloc;
   }
   history_.Record(HistoryAction::kSegmentAlloc, segment->base, segment->size,
                   static_cast<std::uint64_t>(shard.stream), 0);
@@ -154,28 +154,6 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
   segment->head = block;
   // The new block is active from birth: FinishAllocation accounts for it as a taken free block.
   return blocks_.FinishAllocation(shard, pool, block, request);
-}
-
-void CachingAllocator::LinkSegment(Segment* segment) {
-  segments_.emplace(segment->base, segment);
-  stat_events::SegmentLinked(device_stats_, segment->pool->is_small, static_cast<std::int64_t>(segment->size),
-                             segment->size >= config_.max_split_size);
-  AccountPoolReserved(segment, static_cast<std::int64_t>(segment->size));
-}
-
-void CachingAllocator::UnlinkSegment(Segment* segment) {
-  segments_.erase(segment->base);
-  stat_events::SegmentUnlinked(device_stats_, segment->pool->is_small,
-                               static_cast<std::int64_t>(segment->size),
-                               segment->size >= config_.max_split_size);
-  AccountPoolReserved(segment, -static_cast<std::int64_t>(segment->size));
-}
-
-void CachingAllocator::AccountPoolReserved(const Segment* segment, std::int64_t bytes) {
-  PoolState* pool = segment->shard->pool;
-  if (pool == nullptr) return;
-  pool->reserved_bytes += bytes;
-  pool->peak_reserved_bytes = std::max(pool->peak_reserved_bytes, pool->reserved_bytes);
 }
 
 absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
@@ -220,7 +198,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
       for (Block* b : candidates) {
         b->segment->pool->Erase(b);
         ++b->segment->shard->blocks_in_release;
-        UnlinkSegment(b->segment);
+        segments_.Unlink(b->segment);
         victims.push_back(b->segment);
         freed += b->size;
       }
@@ -260,11 +238,11 @@ absl::Status CachingAllocator::ReleaseSegments(std::vector<Segment*> segments) {
     // A segment the device refused to free stays cached, exactly as before.
     if (first_error.ok()) first_error = s;
     MutexLock lock(&device_mu_);
-    LinkSegment(segment);
+    segments_.Link(segment);
     segment->pool->Insert(segment->head);
   }
   MutexLock lock(&device_mu_);
-  device_stats_.num_device_free += released;
+  segments_.stats().num_device_free += released;
   return first_error;
 }
 
@@ -273,8 +251,7 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
   {
     MutexLock lock(&device_mu_);
     target =
-        budget_.GarbageCollectionTarget(static_cast<std::size_t>(device_stats_.reserved_bytes.all().current),
-                                        config_.garbage_collection_threshold);
+        budget_.GarbageCollectionTarget(segments_.reserved_bytes(), config_.garbage_collection_threshold);
     if (target == 0) return std::size_t{0};
   }
   std::vector<Segment*> victims;
@@ -303,7 +280,7 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
         if (static_cast<double>(pool.free_block_lookups - b->gc_count_base) < mean_age) continue;
         pool.Erase(b);
         ++b->segment->shard->blocks_in_release;
-        UnlinkSegment(b->segment);
+        segments_.Unlink(b->segment);
         victims.push_back(b->segment);
         freed_now += b->size;
       }
@@ -323,7 +300,7 @@ absl::Status CachingAllocator::OutOfMemory(const AllocationRequest& request) {
   std::size_t limit = 0;
   {
     MutexLock lock(&device_mu_);
-    ++device_stats_.num_ooms;
+    ++segments_.stats().num_ooms;
     limit = budget_.limit();
   }
   const auto allocated = static_cast<std::size_t>(stats.allocated_bytes.all().current);

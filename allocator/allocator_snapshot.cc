@@ -31,7 +31,7 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label,
   {
     AllShardsLock lock(shards_, device_mu_);
     lock.ForEach([&](StreamShard* s) { AddBlockStats(snapshot.stats, s->stats); });
-    CopySegmentStats(snapshot.stats, device_stats_);
+    CopySegmentStats(snapshot.stats, segments_.stats());
     snapshot.segments.reserve(segments_.size());
     for (const auto& [base, segment] : segments_) {
       SegmentSnapshot& out = snapshot.segments.emplace_back();

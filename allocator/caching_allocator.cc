@@ -24,6 +24,30 @@ struct ShardCache {
 };
 thread_local ShardCache tls_shard;
 
+// What is wrong with passing `ptr` to `operation` when it lies in `segment` (its shard locked): a double
+// free, or an address inside a block; empty when neither.
+std::string MisusedBlock(const Segment& segment, absl::string_view operation, DevicePtr ptr) {
+  for (const Block* b = segment.head; b != nullptr; b = b->next) {
+    if (b->ptr == ptr && !b->allocated) {
+      return absl::StrFormat(
+          "%s(0x%x): double free: the block at this address is not allocated (it was freed already); every "
+          "other allocation is unchanged",
+          operation, ptr);
+    }
+    if (b->ptr == ptr && b->freeing) {
+      return absl::StrFormat("%s(0x%x): double free: another Free() of this block is in progress", operation,
+                             ptr);
+    }
+    if (ptr > b->ptr && ptr < b->end()) {
+      return absl::StrFormat(
+          "%s(0x%x): pointer is inside the %s block at 0x%x (%d bytes), not its start; pass the address "
+          "Allocate() returned",
+          operation, ptr, b->allocated ? "allocated" : "free", b->ptr, b->size);
+    }
+  }
+  return "";
+}
+
 absl::Status RequestTooLarge(std::size_t bytes) {
   return absl::ResourceExhaustedError(absl::StrFormat(
       "out of memory: tried to allocate %d bytes, more than 1 EiB; no device has that much memory", bytes));
@@ -53,6 +77,7 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       config_(config),
       id_(next_allocator_id.fetch_add(1)),
       blocks_(config_, history_),
+      segments_(config_.max_split_size, history_),
       budget_(driver_->Info().total_memory),
       captures_(*driver_) {
   if (config_.record_history) {
@@ -60,9 +85,9 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
     (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
   }
   MutexLock lock(&device_mu_);
-  device_stats_.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
-                                     ? -1
-                                     : static_cast<std::int64_t>(config_.max_split_size);
+  segments_.stats().max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
+                                         ? -1
+                                         : static_cast<std::int64_t>(config_.max_split_size);
 }
 
 CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -231,29 +256,7 @@ absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
   {
     // The error path may look at every shard: lock them all, in the lock order.
     AllShardsLock lock(shards_, device_mu_);
-    auto it = segments_.upper_bound(ptr);
-    if (it != segments_.begin()) {
-      const Segment* segment = std::prev(it)->second;
-      if (ptr < segment->base + segment->size) {
-        for (const Block* b = segment->head; b != nullptr && message.empty(); b = b->next) {
-          if (b->ptr == ptr && !b->allocated) {
-            message = absl::StrFormat(
-                "%s(0x%x): double free: the block at this address is not allocated (it was freed already); "
-                "every other allocation is unchanged",
-                operation, ptr);
-          } else if (b->ptr == ptr && b->freeing) {
-            message = absl::StrFormat("%s(0x%x): double free: another Free() of this block is in progress",
-                                      operation, ptr);
-          } else if (ptr > b->ptr && ptr < b->end()) {
-            message = absl::StrFormat(
-                "%s(0x%x): pointer is inside the %s block at 0x%x (%d bytes), not its start; pass the "
-                "address "
-                "Allocate() returned",
-                operation, ptr, b->allocated ? "allocated" : "free", b->ptr, b->size);
-          }
-        }
-      }
-    }
+    if (const Segment* segment = segments_.Containing(ptr)) message = MisusedBlock(*segment, operation, ptr);
   }
   if (message.empty()) {
     message = absl::StrFormat(
@@ -272,7 +275,7 @@ DeviceStats CachingAllocator::GetStats() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
     AddBlockStats(out, shard->stats);
   });
   MutexLock lock(&device_mu_);
-  CopySegmentStats(out, device_stats_);
+  CopySegmentStats(out, segments_.stats());
   return out;
 }
 
@@ -282,7 +285,7 @@ void CachingAllocator::ResetPeakStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     shard->stats.ResetPeak();
   });
   MutexLock lock(&device_mu_);
-  device_stats_.ResetPeak();
+  segments_.stats().ResetPeak();
 }
 
 void CachingAllocator::ResetAccumulatedStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -291,7 +294,7 @@ void CachingAllocator::ResetAccumulatedStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     shard->stats.ResetAccumulated();
   });
   MutexLock lock(&device_mu_);
-  device_stats_.ResetAccumulated();
+  segments_.stats().ResetAccumulated();
 }
 
 absl::Status CachingAllocator::RecordHistory(const HistoryOptions& options) {

@@ -44,6 +44,7 @@
 #include "graphalloc/allocator/pool_registry.h"
 #include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/route_table.h"
+#include "graphalloc/allocator/segment_ledger.h"
 #include "graphalloc/allocator/segment_source.h"
 #include "graphalloc/allocator/shard_table.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
@@ -169,8 +170,6 @@ class CachingAllocator {
   absl::StatusOr<DevicePtr> NewSegmentFor(StreamShard& shard, const AllocationRequest& request);
   // The slow path while a capture route is open (see BeginAllocateToPool).
   absl::StatusOr<DevicePtr> AllocateDuringCapture(StreamShard& shard, const AllocationRequest& request);
-  void AccountPoolReserved(const Segment* segment, std::int64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   // Allocates a new segment for `request` and hands out its first block; 0 when the device or the memory
   // limit has no room; an error for any other driver failure.
   absl::StatusOr<DevicePtr> AllocateSegment(StreamShard& shard, const AllocationRequest& request);
@@ -182,8 +181,6 @@ class CachingAllocator {
   absl::Status ReleaseSegments(std::vector<Segment*> segments);
   // Returns a regular segment's memory to where it came from: the driver, or the pool's segment source.
   absl::Status FreeSegmentMemory(const Segment& segment);
-  void LinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  void UnlinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   absl::StatusOr<std::size_t> GarbageCollect();
 
   // ---- Expandable segments (expandable_growth.cc, expandable_release.cc). ----
@@ -212,10 +209,6 @@ class CachingAllocator {
   // (its handle goes to the handle cache); a chunk neither call fixes stays quarantined, and the first
   // error is returned. A fixed chunk becomes a free mapped (or unmapped) block.
   absl::Status RepairQuarantinedChunks(bool may_unmap);
-  // Chunk bookkeeping for a map or an unmap that happened (chunk map, reserved bytes, counters, history).
-  void AccountMapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  void AccountUnmapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  absl::Status CheckExpandableInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   absl::Status OutOfMemory(const AllocationRequest& request);
 
   // ---- Private pools (pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
@@ -264,9 +257,8 @@ class CachingAllocator {
   // Device-wide state, touched only on the slow path. Lock order: the shard set, shards (in creation
   // order), then this.
   mutable Mutex device_mu_;
-  absl::btree_map<DevicePtr, Segment*> segments_ ABSL_GUARDED_BY(device_mu_);
-  DeviceStats device_stats_
-      ABSL_GUARDED_BY(device_mu_);  // segment, reserved_bytes, oversize_segments, counters
+  // Every segment, and the segment statistics (segment_ledger.h).
+  SegmentLedger segments_ ABSL_GUARDED_BY(device_mu_);
   MemoryBudget budget_ ABSL_GUARDED_BY(device_mu_);
   // Expandable segments: unmapped physical handles kept for reuse, and the peers every mapping grants.
   HandleCache handle_cache_ ABSL_GUARDED_BY(device_mu_);

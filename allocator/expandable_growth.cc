@@ -161,7 +161,7 @@ absl::Status CachingAllocator::CreateExpandableSegment(StreamShard& shard, bool 
   segment->head = block;
   pool.unmapped.emplace(block->ptr, block);
   MutexLock lock(&device_mu_);
-  segments_.emplace(segment->base, segment);  // no segment/reserved stats: those follow mapped chunks
+  segments_.AddReservation(segment);  // no segment/reserved stats: those follow mapped chunks
   return absl::OkStatus();
 }
 
@@ -242,7 +242,7 @@ bool CachingAllocator::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size
 
   std::size_t reused = 0;
   MutexLock lock(&device_mu_);
-  const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
+  const auto reserved = segments_.reserved_bytes();
   const std::size_t committed = budget_.Committed(reserved, handle_cache_.bytes(), size);
   const std::size_t max_chunk = MaxNewChunkSize(size, stranded, committed, budget_.capacity(), gran);
   for (GrowthPlan::Hole& hole : plan->holes) {
@@ -347,7 +347,7 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   }
   {
     MutexLock lock(&device_mu_);
-    const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
+    const auto reserved = segments_.reserved_bytes();
     admitted = budget_.AdmitNewHandles(reserved, handle_cache_.bytes(), plan.new_bytes);
     if (!admitted && error.ok()) {
       error = absl::ResourceExhaustedError("memory limit");
@@ -435,7 +435,7 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   budget_.EndGrowth(plan.cached_bytes + (admitted ? plan.new_bytes : 0));
   for (std::size_t i = 0; i < plan.stolen.size(); ++i) {
     Block* b = plan.stolen[i];
-    if (stolen_unmapped[i]) AccountUnmapped(b->segment, plan.stolen_chunks[i]);
+    if (stolen_unmapped[i]) segments_.ChunkUnmapped(b->segment, plan.stolen_chunks[i]);
     SettleInFlight(shard, b, std::span<const ChunkPlacement>(&plan.stolen_chunks[i], 1),
                    std::vector<bool>{!stolen_unmapped[i]});
   }
@@ -444,7 +444,7 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
     for (std::size_t k = 0; k < placed[i].size(); ++k) {
       const ChunkPlacement& c = placed[i][k];
       if (hole_mapped[i][k]) {
-        AccountMapped(b->segment, c);
+        segments_.ChunkMapped(b->segment, c);
         continue;
       }
       // A handle that is not mapped (anymore) waits in the cache; a stolen one whose unmap failed is
@@ -464,21 +464,6 @@ absl::StatusOr<bool> CachingAllocator::ExecuteGrowth(StreamShard& shard, GrowthP
   if (absl::IsResourceExhausted(error)) return false;
   if (absl::IsAborted(error)) return true;  // undone, nothing lost: the caller plans again
   return error;
-}
-
-void CachingAllocator::AccountMapped(Segment* segment, const ChunkPlacement& c) {
-  segment->vmm->AddChunk(c);
-  stat_events::ChunkMapped(device_stats_, segment->pool->is_small, static_cast<std::int64_t>(c.size));
-  AccountPoolReserved(segment, static_cast<std::int64_t>(c.size));
-  history_.Record(HistoryAction::kSegmentMap, c.ptr, c.size, static_cast<std::uint64_t>(segment->stream), 0);
-}
-
-void CachingAllocator::AccountUnmapped(Segment* segment, const ChunkPlacement& c) {
-  segment->vmm->RemoveChunk(c.ptr);
-  stat_events::ChunkUnmapped(device_stats_, segment->pool->is_small, static_cast<std::int64_t>(c.size));
-  AccountPoolReserved(segment, -static_cast<std::int64_t>(c.size));
-  history_.Record(HistoryAction::kSegmentUnmap, c.ptr, c.size, static_cast<std::uint64_t>(segment->stream),
-                  0);
 }
 
 void CachingAllocator::SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,

@@ -45,7 +45,7 @@ absl::Status CachingAllocator::RepairQuarantinedChunks(bool may_unmap) {
     SpinLockHolder shard_lock(&shard.mu);
     MutexLock lock(&device_mu_);
     if (outcomes[i] == kUnmapped) {
-      AccountUnmapped(b->segment, c);
+      segments_.ChunkUnmapped(b->segment, c);
       handle_cache_.Put(c.size, c.handle);  // reused by the next growth, or released with the cache
     }
     SettleInFlight(shard, b, std::span<const ChunkPlacement>(&c, 1),
@@ -130,7 +130,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
     for (Job& job : jobs) {
       for (std::size_t i = 0; i < job.chunks.size(); ++i) {
         if (job.still_mapped[i]) continue;
-        AccountUnmapped(job.block->segment, job.chunks[i]);
+        segments_.ChunkUnmapped(job.block->segment, job.chunks[i]);
         unmapped += job.chunks[i].size;
       }
       SettleInFlight(*job.shard, job.block, job.chunks, job.still_mapped);
@@ -144,7 +144,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
     }
     for (Segment* segment : empty) {
       segment->pool->unmapped.erase(segment->head->ptr);
-      segments_.erase(segment->base);
+      segments_.RemoveReservation(segment);
       ++segment->shard->blocks_in_release;
     }
   }
@@ -161,7 +161,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseExpandableMemory(PoolId sco
     }
     if (first_error.ok()) first_error = s;
     MutexLock lock(&device_mu_);
-    segments_.emplace(segment->base, segment);
+    segments_.AddReservation(segment);
     segment->pool->unmapped.emplace(segment->head->ptr, segment->head);
   }
   if (!first_error.ok()) return first_error;

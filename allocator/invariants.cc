@@ -273,8 +273,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
     for (std::size_t i = 0; i < quarantine_.size(); ++i) {
       const QuarantinedChunk& q = quarantine_[i];
       const Block* b = q.block;
-      const bool listed = b->segment != nullptr && segments_.contains(b->segment->base) &&
-                          segments_.at(b->segment->base) == b->segment;
+      const bool listed = b->segment != nullptr && segments_.Find(b->segment->base) == b->segment;
       if (!listed || !b->segment->expandable || !b->in_flight || !b->mapped || b->allocated ||
           b->ptr != q.chunk.ptr || b->size != q.chunk.size) {
         return Violation(absl::StrFormat(
@@ -299,7 +298,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
       return Violation(absl::StrFormat("%d bytes counted as growing with no growth under way",
                                        budget_.growth_in_flight()));
     }
-    if (absl::Status s = CompareArrays("device", device_stats_, device_expected, /*block_stats=*/false);
+    if (absl::Status s = CompareArrays("device", segments_.stats(), device_expected, /*block_stats=*/false);
         !s.ok()) {
       return s;
     }

@@ -191,11 +191,10 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   auto validate = [&](const std::vector<StreamShard*>& shards) -> absl::Status {
     if (absl::Status st = CheckPoolQuiet(shards); !st.ok()) return st;
     for (const CheckpointSegment& s : checkpoint.segments) {
-      auto it = segments_.find(s.base);
-      if (it == segments_.end() ||
-          std::find(shards.begin(), shards.end(), it->second->shard) == shards.end() ||
-          it->second->size != s.size || it->second->expandable != s.expandable ||
-          it->second->stream != s.stream || it->second->pool->is_small != s.small) {
+      const Segment* live = segments_.Find(s.base);
+      if (live == nullptr || std::find(shards.begin(), shards.end(), live->shard) == shards.end() ||
+          live->size != s.size || live->expandable != s.expandable || live->stream != s.stream ||
+          live->pool->is_small != s.small) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "Restore: the checkpoint's segment at 0x%x (%d bytes) is no longer in pool %d (released by "
             "EmptyPoolCache while no graph pinned the pool?)",
@@ -235,7 +234,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     if (st.ok()) {
       for (const CheckpointSegment& s : checkpoint.segments) {
         if (!s.expandable) continue;
-        Segment* segment = segments_.at(s.base);
+        Segment* segment = segments_.Find(s.base);
         StreamShard& shard = *segment->shard;
         BlockPool& bp = *segment->pool;
         // The checkpoint's mapped ranges (between its unmapped ones, which are granularity-aligned).
@@ -311,7 +310,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     std::vector<StreamShard*> shards = LockPoolShards(pool.id());
     device_mu_.Lock();
     for (MapJob& job : map_jobs) {
-      if (job.mapped) AccountMapped(job.block->segment, job.chunk);
+      if (job.mapped) segments_.ChunkMapped(job.block->segment, job.chunk);
       SettleInFlight(*job.shard, job.block, std::span<const ChunkPlacement>(&job.chunk, 1),
                      std::vector<bool>{job.mapped}, std::vector<bool>{job.no_access});
     }
@@ -509,7 +508,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   // ---- Phase 3: unmap chunks lying in ranges the checkpoint had unmapped. ----
   for (const CheckpointSegment& s : checkpoint.segments) {
     if (!s.expandable) continue;
-    Segment* segment = segments_.at(s.base);
+    Segment* segment = segments_.Find(s.base);
     for (const auto& [begin, end] : UnmappedRanges(s)) {
       std::vector<ChunkPlacement> inside;
       for (auto it = segment->vmm->chunks().begin(); it != segment->vmm->chunks().end(); ++it) {
@@ -552,7 +551,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   device_mu_.Lock();
   for (UnmapJob& job : unmap_jobs) {
     if (job.unmapped) {
-      AccountUnmapped(job.block->segment, job.chunk);
+      segments_.ChunkUnmapped(job.block->segment, job.chunk);
       // Kept for the next growth, as any unmapped handle (released by EmptyCache or under pressure).
       handle_cache_.Put(job.chunk.size, job.chunk.handle);
     } else {

@@ -157,7 +157,7 @@ absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
     queue.erase(it);
   }
   MutexLock lock(&device_mu_);
-  ++device_stats_.num_sync_all_streams;
+  ++segments_.stats().num_sync_all_streams;
   return status;
 }
 
