@@ -80,7 +80,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard,
     if (DevicePtr p = AllocateFromOomPools(request)) return p;
   }
   // A failed growth may have cached the handles it could not map: out of memory leaves nothing idle.
-  if (config_.expandable_segments) (void)ReleaseCachedHandles();
+  if (config_.expandable_segments) (void)expandable_.ReleaseCachedHandles();
   return OutOfMemory(request);
 }
 
@@ -90,7 +90,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard,
   // pool with a segment source gets whole allocations from it, not pages to map.
   const bool regular_only =
       shard.pool != nullptr && (shard.pool->options.no_split || shard.pool->segment_source != nullptr);
-  if (config_.expandable_segments && !regular_only) return AllocateExpandable(shard, request);
+  if (config_.expandable_segments && !regular_only) return expandable_.Allocate(shard, request);
   return AllocateSegment(shard, request);
 }
 
@@ -207,7 +207,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   if (!only_oversize) {
     // Expandable segments give back their free pages wherever they are (never counted as oversize).
-    absl::StatusOr<std::size_t> unmapped = ReleaseExpandableMemory(scope);
+    absl::StatusOr<std::size_t> unmapped = expandable_.Release(scope);
     if (!unmapped.ok()) return unmapped.status();
     freed += *unmapped;
   }

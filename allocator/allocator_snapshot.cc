@@ -44,9 +44,7 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label,
       if (segment->vmm != nullptr) {
         for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
           const std::uint64_t offset = ptr - segment->base;
-          const DevicePtr at = ptr;  // clang 14 cannot capture structured bindings
-          const bool accessible = std::none_of(quarantine_.begin(), quarantine_.end(),
-                                               [at](const QuarantinedChunk& q) { return q.chunk.ptr == at; });
+          const bool accessible = expandable_.Accessible(ptr);
           if (!out.mapped.empty() && out.mapped.back().offset + out.mapped.back().size == offset &&
               out.mapped.back().accessible == accessible) {
             out.mapped.back().size += chunk.size;

@@ -79,7 +79,8 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       blocks_(config_, history_),
       segments_(config_.max_split_size, history_),
       budget_(driver_->Info().total_memory),
-      captures_(*driver_) {
+      captures_(*driver_),
+      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_}) {
   if (config_.record_history) {
     // The options were validated by Config::Parse; a failure here can only be a programming error.
     (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
@@ -117,7 +118,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     }
     delete segment;
   }
-  for (const ChunkPlacement& h : handle_cache_.TakeAll()) (void)driver_->MemRelease(h.handle);
+  expandable_.ReleaseCachedHandlesAtExit();
 }
 
 StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
@@ -319,6 +320,11 @@ double CachingAllocator::GetMemoryFraction() const {
 void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
   MutexLock lock(&device_mu_);
   budget_.SetLimit(bytes);
+}
+
+absl::Status CachingAllocator::EnablePeerAccess(int peer_ordinal) {
+  if (absl::Status s = driver_->EnablePeerAccess(peer_ordinal); !s.ok()) return s;
+  return expandable_.AddPeer(peer_ordinal);
 }
 
 }  // namespace graphalloc

@@ -37,7 +37,7 @@
 #include "graphalloc/allocator/capture_tracker.h"
 #include "graphalloc/allocator/config.h"
 #include "graphalloc/allocator/device/driver.h"
-#include "graphalloc/allocator/handle_cache.h"
+#include "graphalloc/allocator/expandable_segments.h"
 #include "graphalloc/allocator/history/history_ring.h"
 #include "graphalloc/allocator/memory_budget.h"
 #include "graphalloc/allocator/pool_checkpoint.h"
@@ -183,32 +183,6 @@ class CachingAllocator {
   absl::Status FreeSegmentMemory(const Segment& segment);
   absl::StatusOr<std::size_t> GarbageCollect();
 
-  // ---- Expandable segments (expandable_growth.cc, expandable_release.cc). ----
-  struct GrowthPlan;
-  // Serves `request` from the shard's expandable segment of its pool kind, mapping physical memory where
-  // the request needs it (and moving idle chunks of the shard there first); 0 when there is no room.
-  absl::StatusOr<DevicePtr> AllocateExpandable(StreamShard& shard, const AllocationRequest& request);
-  bool PlanGrowth(StreamShard& shard, BlockPool& pool, std::size_t size, GrowthPlan* plan)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // Runs the plan's driver calls (no lock held) and settles its blocks; false when it could not map.
-  absl::StatusOr<bool> ExecuteGrowth(StreamShard& shard, GrowthPlan& plan);
-  // Reserves a new expandable segment for the shard's small or large pool.
-  absl::Status CreateExpandableSegment(StreamShard& shard, bool small);
-  // Unmaps every chunk wholly covered by free blocks, releases every cached handle and every expandable
-  // segment left wholly unmapped; returns the bytes unmapped.
-  absl::StatusOr<std::size_t> ReleaseExpandableMemory(PoolId scope = kDefaultPool);
-  // Releases every cached physical handle to the device.
-  absl::Status ReleaseCachedHandles();
-  // The in-flight block `b`, tiled exactly by `chunks`, goes back with chunk i mapped iff mapped[i]. A chunk
-  // with no_access[i] (mapped, but without access: see quarantine_) becomes a block of its own that stays in
-  // flight, quarantined.
-  void SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,
-                      const std::vector<bool>& mapped, const std::vector<bool>& no_access = {})
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu, device_mu_);
-  // Retries the quarantined chunks (quarantine_): grants access to each, or else, with `may_unmap`, unmaps it
-  // (its handle goes to the handle cache); a chunk neither call fixes stays quarantined, and the first
-  // error is returned. A fixed chunk becomes a free mapped (or unmapped) block.
-  absl::Status RepairQuarantinedChunks(bool may_unmap);
   absl::Status OutOfMemory(const AllocationRequest& request);
 
   // ---- Private pools (pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
@@ -260,28 +234,15 @@ class CachingAllocator {
   // Every segment, and the segment statistics (segment_ledger.h).
   SegmentLedger segments_ ABSL_GUARDED_BY(device_mu_);
   MemoryBudget budget_ ABSL_GUARDED_BY(device_mu_);
-  // Expandable segments: unmapped physical handles kept for reuse, and the peers every mapping grants.
-  HandleCache handle_cache_ ABSL_GUARDED_BY(device_mu_);
-  std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);
-  // Chunks mapped without access: a mapping call sequence failed (at a later map or at the access call) and
-  // the device then refused to unmap what it had mapped. Such a chunk must never be handed out (touching
-  // it faults), yet the device holds it: it stays mapped and counted as reserved, as a block of its own
-  // that stays in flight (out of every index, merged with nothing) until RepairQuarantinedChunks() grants
-  // access or unmaps it (at the next growth, release, checkpoint or restore). Snapshots show its range
-  // as mapped without access.
-  struct QuarantinedChunk {
-    Block* block;  // in flight, exactly the chunk
-    ChunkPlacement chunk;
-  };
-  std::vector<QuarantinedChunk> quarantine_ ABSL_GUARDED_BY(device_mu_);
-  std::atomic<std::size_t> quarantined_{0};  // quarantine_.size(), read without the lock
-
   // Private pools (pool_registry.h).
   PoolRegistry pools_ ABSL_GUARDED_BY(device_mu_);
   // Whether a capture is underway, and the gate between captures and synchronizations (capture_tracker.h).
   CaptureTracker captures_;
   // Open routes and frees deferred until no capture route is open (route_table.h).
   RouteTable routes_;
+  // Growth and release of expandable segments, their handle cache, peers and quarantine
+  // (expandable_segments.h).
+  ExpandableSegments expandable_;
 };
 
 }  // namespace graphalloc

@@ -260,44 +260,9 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
                                          expected_ptr - base, segment->size));
       }
     }
-    if (handle_cache_.bytes() != handle_cache_.RecomputeBytes()) {
-      return Violation(absl::StrFormat("handle cache counts %d bytes, its handles add up to %d",
-                                       handle_cache_.bytes(), handle_cache_.RecomputeBytes()));
-    }
-    // A quarantined chunk (mapped without access) is exactly an in-flight mapped block of its segment and
-    // one of the segment's chunks, listed once.
-    if (quarantined_.load(std::memory_order_relaxed) != quarantine_.size()) {
-      return Violation(absl::StrFormat("%d chunks are quarantined, the counter says %d", quarantine_.size(),
-                                       quarantined_.load(std::memory_order_relaxed)));
-    }
-    for (std::size_t i = 0; i < quarantine_.size(); ++i) {
-      const QuarantinedChunk& q = quarantine_[i];
-      const Block* b = q.block;
-      const bool listed = b->segment != nullptr && segments_.Find(b->segment->base) == b->segment;
-      if (!listed || !b->segment->expandable || !b->in_flight || !b->mapped || b->allocated ||
-          b->ptr != q.chunk.ptr || b->size != q.chunk.size) {
-        return Violation(absl::StrFormat(
-            "quarantined chunk 0x%x (%d bytes) is not an in-flight mapped block of an expandable segment",
-            q.chunk.ptr, q.chunk.size));
-      }
-      auto chunk = b->segment->vmm->chunks().find(q.chunk.ptr);
-      if (chunk == b->segment->vmm->chunks().end() || chunk->second.size != q.chunk.size ||
-          chunk->second.handle != q.chunk.handle) {
-        return Violation(
-            absl::StrFormat("quarantined chunk 0x%x is not a chunk of its segment", q.chunk.ptr));
-      }
-      for (std::size_t j = 0; j < i; ++j) {
-        if (quarantine_[j].block == b)
-          return Violation(absl::StrFormat("quarantined chunk 0x%x is listed twice", q.chunk.ptr));
-      }
-    }
     std::size_t in_flight = 0;
     for (const auto& [shard, e] : expected) in_flight += e.in_flight_blocks;
-    in_flight -= quarantine_.size();  // quarantined blocks stay in flight with no growth under way
-    if (in_flight == 0 && budget_.growth_in_flight() != 0) {
-      return Violation(absl::StrFormat("%d bytes counted as growing with no growth under way",
-                                       budget_.growth_in_flight()));
-    }
+    if (absl::Status s = expandable_.CheckInvariants(in_flight); !s.ok()) return s;
     if (absl::Status s = CompareArrays("device", segments_.stats(), device_expected, /*block_stats=*/false);
         !s.ok()) {
       return s;

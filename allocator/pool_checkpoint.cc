@@ -104,10 +104,7 @@ absl::Status CachingAllocator::CheckPoolQuiet(const std::vector<StreamShard*>& s
   for (const auto& [base, segment] : segments_) {
     if (std::find(shards.begin(), shards.end(), segment->shard) == shards.end()) continue;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      const bool quarantined =
-          b->in_flight && std::any_of(quarantine_.begin(), quarantine_.end(),
-                                      [b](const QuarantinedChunk& q) { return q.block == b; });
-      if (quarantined) {
+      if (expandable_.IsQuarantined(b)) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "pool %d holds a chunk at 0x%x (%d bytes) that the device mapped but would neither grant access "
             "to nor unmap; retry (EmptyCache() retries it too)",
@@ -135,7 +132,7 @@ absl::StatusOr<PoolCheckpoint> CachingAllocator::Checkpoint(const PrivatePool& p
     return absl::InvalidArgumentError("Checkpoint: the pool handle is empty or belongs to another allocator");
   }
   // A quarantined chunk would make the pool look busy (CheckPoolQuiet): fix what can be fixed first.
-  (void)RepairQuarantinedChunks(/*may_unmap=*/!captures_.underway());
+  (void)expandable_.RepairQuarantinedChunks(/*may_unmap=*/!captures_.underway());
   std::vector<StreamShard*> shards = LockPoolShards(pool.id());
   device_mu_.Lock();
   absl::Status status = CheckPoolQuiet(shards);
@@ -185,7 +182,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     if (absl::Status st = ValidateSegmentState(s, gran); !st.ok()) return st;
   }
   // A quarantined chunk would make the pool look busy (CheckPoolQuiet): fix what can be fixed first.
-  (void)RepairQuarantinedChunks(/*may_unmap=*/true);
+  (void)expandable_.RepairQuarantinedChunks(/*may_unmap=*/true);
 
   // Validation against the live pool, run with the locks held (phase 1 and again in phase 2).
   auto validate = [&](const std::vector<StreamShard*>& shards) -> absl::Status {
@@ -263,7 +260,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
           }
         }
       }
-      peers = peers_;
+      peers = expandable_.peers();
     }
     device_mu_.Unlock();
     for (StreamShard* shard : shards) shard->mu.Unlock();
@@ -273,7 +270,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
   std::vector<ChunkPlacement> no_access;
   for (MapJob& job : map_jobs) {
     absl::StatusOr<PhysicalHandle> h = driver_->MemCreate(job.chunk.size);
-    if (absl::IsResourceExhausted(h.status()) && ReleaseCachedHandles().ok())
+    if (absl::IsResourceExhausted(h.status()) && expandable_.ReleaseCachedHandles().ok())
       h = driver_->MemCreate(job.chunk.size);
     if (!h.ok()) {
       map_error = h.status();
@@ -288,7 +285,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       job.mapped = job.no_access = !no_access.empty();
       if (!job.mapped && !driver_->MemRelease(job.chunk.handle).ok()) {
         MutexLock lock(&device_mu_);
-        handle_cache_.Put(job.chunk.size, job.chunk.handle);  // released with the cache, or reused
+        expandable_.CacheHandle(job.chunk);  // released with the cache, or reused
       }
       break;
     }
@@ -302,7 +299,7 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
       if (driver_->MemUnmap(job.chunk.ptr, job.chunk.size).ok()) {
         job.mapped = job.no_access = false;
         MutexLock lock(&device_mu_);
-        handle_cache_.Put(job.chunk.size, job.chunk.handle);
+        expandable_.CacheHandle(job.chunk);
       }
     }
   }
@@ -311,8 +308,8 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     device_mu_.Lock();
     for (MapJob& job : map_jobs) {
       if (job.mapped) segments_.ChunkMapped(job.block->segment, job.chunk);
-      SettleInFlight(*job.shard, job.block, std::span<const ChunkPlacement>(&job.chunk, 1),
-                     std::vector<bool>{job.mapped}, std::vector<bool>{job.no_access});
+      expandable_.SettleInFlight(*job.shard, job.block, std::span<const ChunkPlacement>(&job.chunk, 1),
+                                 std::vector<bool>{job.mapped}, std::vector<bool>{job.no_access});
     }
     device_mu_.Unlock();
     for (StreamShard* shard : shards) shard->mu.Unlock();
@@ -553,12 +550,12 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(
     if (job.unmapped) {
       segments_.ChunkUnmapped(job.block->segment, job.chunk);
       // Kept for the next growth, as any unmapped handle (released by EmptyCache or under pressure).
-      handle_cache_.Put(job.chunk.size, job.chunk.handle);
+      expandable_.CacheHandle(job.chunk);
     } else {
       result.bytes_left_mapped += job.chunk.size;
     }
-    SettleInFlight(*job.shard, job.block, std::span<const ChunkPlacement>(&job.chunk, 1),
-                   std::vector<bool>{!job.unmapped});
+    expandable_.SettleInFlight(*job.shard, job.block, std::span<const ChunkPlacement>(&job.chunk, 1),
+                               std::vector<bool>{!job.unmapped});
   }
   device_mu_.Unlock();
   for (StreamShard* shard : shards) shard->mu.Unlock();
