@@ -198,9 +198,6 @@ class CachingAllocator {
   void ForgetPoolIfEmpty(PoolId id);
   // A default-pool allocation that failed tries the cached free blocks of use_on_oom pools.
   DevicePtr AllocateFromOomPools(const AllocationRequest& request);
-  // Locks every shard of `pool` (in the lock order); returns them.
-  std::vector<StreamShard*> LockPoolShards(PoolId pool) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::Status CheckPoolQuiet(const std::vector<StreamShard*>& shards) const;
   absl::Status CheckPoolInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
 
   // ---- Stream events (stream_events.cc). ----

@@ -159,21 +159,6 @@ void CachingAllocator::ForgetPoolIfEmpty(PoolId id) ABSL_NO_THREAD_SAFETY_ANALYS
   pools_.Forget(id);
 }
 
-std::vector<StreamShard*> CachingAllocator::LockPoolShards(PoolId pool) const {
-  std::vector<StreamShard*> shards;
-  shards_.ForEach([&](StreamShard* s) {
-    if (s->key_pool.load(std::memory_order_acquire) != pool) return;
-    s->mu.Lock();
-    // Re-keyed between the check and the lock: not ours after all.
-    if (s->pool == nullptr || s->pool->id != pool) {
-      s->mu.Unlock();
-      return;
-    }
-    shards.push_back(s);
-  });
-  return shards;
-}
-
 absl::Status CachingAllocator::CheckPoolInvariants() const {
   absl::Status status;
   pools_.ForEach([&](PoolId id, const PoolState& state) {

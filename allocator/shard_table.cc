@@ -44,4 +44,24 @@ void ShardTable::Retire(StreamShard* shard) {
   retired_.push_back(shard);
 }
 
+PoolShardsLock::PoolShardsLock(const ShardTable& table, PoolId pool,
+                               Mutex& device_mu) ABSL_NO_THREAD_SAFETY_ANALYSIS : device_mu_(device_mu) {
+  table.ForEach([&](StreamShard* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (s->key_pool.load(std::memory_order_acquire) != pool) return;
+    s->mu.Lock();
+    // Re-keyed between the check and the lock: not ours after all.
+    if (s->pool == nullptr || s->pool->id != pool) {
+      s->mu.Unlock();
+      return;
+    }
+    shards_.push_back(s);
+  });
+  device_mu_.Lock();
+}
+
+PoolShardsLock::~PoolShardsLock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  device_mu_.Unlock();
+  for (StreamShard* shard : shards_) shard->mu.Unlock();
+}
+
 }  // namespace graphalloc

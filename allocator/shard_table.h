@@ -8,6 +8,7 @@
 #ifndef GRAPHALLOC_ALLOCATOR_SHARD_TABLE_H_
 #define GRAPHALLOC_ALLOCATOR_SHARD_TABLE_H_
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -92,6 +93,28 @@ class ABSL_SCOPED_LOCKABLE AllShardsLock {
 
   const ShardTable& table_;
   Mutex* const device_mu_;
+};
+
+// Locks the shards of one private pool (in creation order), then the device lock; unlocks all of them when
+// it goes. For the operations on one pool (checkpoint, restore), which need not stop every other stream.
+class ABSL_SCOPED_LOCKABLE PoolShardsLock {
+ public:
+  PoolShardsLock(const ShardTable& table, PoolId pool, Mutex& device_mu)
+      ABSL_EXCLUSIVE_LOCK_FUNCTION(device_mu);
+  ~PoolShardsLock() ABSL_UNLOCK_FUNCTION();
+  PoolShardsLock(const PoolShardsLock&) = delete;
+  PoolShardsLock& operator=(const PoolShardsLock&) = delete;
+
+  // The pool's shards, all locked by this.
+  const std::vector<StreamShard*>& shards() const { return shards_; }
+  // Whether `shard` is one of them.
+  bool Holds(const StreamShard* shard) const {
+    return std::find(shards_.begin(), shards_.end(), shard) != shards_.end();
+  }
+
+ private:
+  std::vector<StreamShard*> shards_;
+  Mutex& device_mu_;
 };
 
 }  // namespace graphalloc
