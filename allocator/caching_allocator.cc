@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graphalloc/allocator/invariant_checker.h"
 #include "graphalloc/allocator/size_policy.h"
 
 namespace graphalloc {
@@ -320,6 +321,13 @@ double CachingAllocator::GetMemoryFraction() const {
 void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
   MutexLock lock(&device_mu_);
   budget_.SetLimit(bytes);
+}
+
+absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  AllShardsLock lock(shards_, device_mu_);
+  return InvariantChecker(
+             {lock, segments_, pools_, expandable_, config_.max_split_size, driver_->Info().granularity})
+      .Run();
 }
 
 absl::Status CachingAllocator::EnablePeerAccess(int peer_ordinal) {

@@ -198,7 +198,6 @@ class CachingAllocator {
   void ForgetPoolIfEmpty(PoolId id);
   // A default-pool allocation that failed tries the cached free blocks of use_on_oom pools.
   DevicePtr AllocateFromOomPools(const AllocationRequest& request);
-  absl::Status CheckPoolInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
 
   // ---- Stream events (stream_events.cc). ----
   // Free() of a block recorded on other streams (its shard locked; unlocked on return): deferred while a

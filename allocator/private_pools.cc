@@ -159,50 +159,6 @@ void CachingAllocator::ForgetPoolIfEmpty(PoolId id) ABSL_NO_THREAD_SAFETY_ANALYS
   pools_.Forget(id);
 }
 
-absl::Status CachingAllocator::CheckPoolInvariants() const {
-  absl::Status status;
-  pools_.ForEach([&](PoolId id, const PoolState& state) {
-    if (!status.ok()) return;
-    const PoolState* pool = &state;
-    std::int64_t reserved = 0;
-    for (const auto& [base, segment] : segments_) {
-      if (segment->shard->pool != pool) continue;
-      reserved +=
-          static_cast<std::int64_t>(segment->vmm != nullptr ? segment->vmm->mapped_bytes() : segment->size);
-    }
-    if (reserved != pool->reserved_bytes) {
-      status = absl::InternalError(absl::StrFormat(
-          "allocator invariant violated: pool %d reserved_bytes is %d but its segments hold %d", id,
-          pool->reserved_bytes, reserved));
-      return;
-    }
-    if (pool->peak_reserved_bytes < pool->reserved_bytes) {
-      status = absl::InternalError(
-          absl::StrFormat("allocator invariant violated: pool %d peak below current", id));
-      return;
-    }
-    std::int64_t allocated = 0;
-    std::int64_t live = 0;
-    shards_.ForEach([&](StreamShard* shard) {
-      if (shard->pool != pool) return;
-      for (const auto& [base, segment] : segments_) {
-        if (segment->shard != shard) continue;
-        for (const Block* b = segment->head; b != nullptr; b = b->next) {
-          if (!b->allocated) continue;
-          allocated += static_cast<std::int64_t>(b->size);
-          ++live;
-        }
-      }
-    });
-    if (allocated != pool->allocated_bytes.load() || live != pool->live_blocks.load()) {
-      status = absl::InternalError(absl::StrFormat(
-          "allocator invariant violated: pool %d counts %d bytes in %d live blocks, its blocks say %d in %d",
-          id, pool->allocated_bytes.load(), pool->live_blocks.load(), allocated, live));
-    }
-  });
-  return status;
-}
-
 // ---- Routes. ----
 absl::Status PoolRoute::End() {
   CachingAllocator* allocator = route_.Release();
