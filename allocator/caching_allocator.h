@@ -12,10 +12,25 @@
 // held. Statistics of blocks are kept per stream and summed on read (peaks of those sums are exact with
 // one stream, and an upper bound, the sum of per-stream peaks, with several); segment statistics
 // (reserved bytes, segment counts) are exact device-wide.
+//
+// The class coordinates parts that each own one concern:
+//   ShardTable / AllShardsLock  the stream shards, and locking all of them at once   (shard_table.h)
+//   BlockCache                  a locked shard's blocks: the cache hit, best fit,     (block_cache.h)
+//                               splitting, coalescing; statistics as stat events
+//   SegmentLedger               every segment and the segment statistics              (segment_ledger.h)
+//   MemoryBudget                the memory cap and what may still fit under it        (memory_budget.h)
+//   PoolRegistry                private pools, their users and pins                   (pool_registry.h)
+//   RouteTable, CaptureTracker  routes to pools, deferred frees, capture mode          (route_table.h,
+//                                                                                      capture_tracker.h)
+//   ExpandableSegments          growth and release of expandable segments             (expandable_segments.h)
+//   PoolRestorer                restoring a pool's checkpoint, in phases              (pool_restorer.h)
+//   InvariantChecker            CheckInvariants                                       (invariant_checker.h)
+// What stays here: finding a request's shard and a pointer's owner, the slow path's order of retries
+// (allocation_slow_path.cc), stream events (stream_events.cc), the pool lifecycle (private_pools.cc) and
+// snapshots (allocator_snapshot.cc).
 #ifndef GRAPHALLOC_ALLOCATOR_CACHING_ALLOCATOR_H_
 #define GRAPHALLOC_ALLOCATOR_CACHING_ALLOCATOR_H_
 
-#include <array>
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -26,7 +41,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/btree_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/allocation_request.h"
@@ -109,7 +123,7 @@ class CachingAllocator {
   // error describes the first violation. Tests call it after every step.
   absl::Status CheckInvariants() const;
 
-  // ---- Private pools (private_pool.h; pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
+  // ---- Private pools (private_pool.h; private_pools.cc, pool_checkpoint.cc). ----
   // A new pool with one user, the returned handle.
   // With a `segment_source`, the pool's segments come from it instead of the driver (segment_source.h),
   // and are regular segments whatever the configuration says about expandable ones.
@@ -185,7 +199,7 @@ class CachingAllocator {
 
   absl::Status OutOfMemory(const AllocationRequest& request);
 
-  // ---- Private pools (pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
+  // ---- Private pools (private_pools.cc). ----
   absl::Status AddPoolUser(PoolId id);
   void DropPoolUser(PoolId id);
   void DropPin(PoolId id);
@@ -208,6 +222,9 @@ class CachingAllocator {
   void ProcessEvents(StreamShard& shard);
   absl::Status SynchronizeAndFreeEvents();
   void CompleteEvent(StreamShard& shard, const PendingEvent& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+
+  // The statistics, segments and pools of a snapshot, all taken under every lock (allocator_snapshot.cc).
+  void SnapshotState(MemorySnapshot* snapshot) const;
 
   // ---- Lookup. ----
   // The shard whose allocated map holds `ptr`, locked; nullptr (nothing locked) if none.
