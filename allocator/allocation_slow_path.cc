@@ -35,22 +35,19 @@ class RelaxedCaptureMode {
 
 }  // namespace
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std::size_t size,
-                                                         std::size_t requested) {
-  if (captures_underway_.load(std::memory_order_acquire) > 0)
-    return AllocateDuringCapture(shard, size, requested);
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard,
+                                                         const AllocationRequest& request) {
+  if (captures_.underway()) return AllocateDuringCapture(shard, request);
+  const std::size_t size = request.size;
   // Another thread may have freed a fitting block since the fast path looked, and the quick cache may hold
   // blocks that merge into one that fits: each step below retries the cache before asking for more.
   auto from_cache = [&]() -> DevicePtr {
     SpinLockHolder lock(&shard.mu);
-    FlushQuickCache(shard);
-    BlockPool& pool = shard.PoolFor(size);
-    Block* block = TakeFreeBlock(shard, pool, size);
-    return block != nullptr ? FinishAllocation(shard, pool, block, size, requested) : 0;
+    return blocks_.AllocateBestFit(shard, request);
   };
   auto new_segment = [&]() -> absl::StatusOr<DevicePtr> {
     if (DevicePtr p = from_cache()) return p;
-    return NewSegmentFor(shard, size, requested);
+    return NewSegmentFor(shard, request);
   };
 
   if (config_.garbage_collection_threshold > 0.0) {
@@ -75,69 +72,65 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard, std
   if (!freed.ok()) return freed.status();
   {
     MutexLock lock(&device_mu_);
-    ++device_stats_.num_alloc_retries;
+    ++segments_.stats().num_alloc_retries;
   }
   result = new_segment();
   if (!result.ok() || *result != 0) return result;
   if (shard.pool == nullptr) {
-    if (DevicePtr p = AllocateFromOomPools(shard.stream, size, requested)) return p;
+    if (DevicePtr p = AllocateFromOomPools(request)) return p;
   }
   // A failed growth may have cached the handles it could not map: out of memory leaves nothing idle.
-  if (config_.expandable_segments) (void)ReleaseCachedHandles();
-  return OutOfMemory(size, shard.stream);
+  if (config_.expandable_segments) (void)expandable_.ReleaseCachedHandles();
+  return OutOfMemory(request);
 }
 
-absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard, std::size_t size,
-                                                          std::size_t requested) {
+absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard,
+                                                          const AllocationRequest& request) {
   // A no_split pool wants one segment per block, which expandable segments (one growing range) are not; a
   // pool with a segment source gets whole allocations from it, not pages to map.
   const bool regular_only =
       shard.pool != nullptr && (shard.pool->options.no_split || shard.pool->segment_source != nullptr);
-  if (config_.expandable_segments && !regular_only) return AllocateExpandable(shard, size, requested);
-  return AllocateSegment(shard, size, requested);
+  if (config_.expandable_segments && !regular_only) return expandable_.Allocate(shard, request);
+  return AllocateSegment(shard, request);
 }
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& shard, std::size_t size,
-                                                                  std::size_t requested) {
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& shard,
+                                                                  const AllocationRequest& request) {
   // Capture mode: no event is queried or synchronized and nothing goes back to the device (the capture
   // may use it, and freeing is illegal while capturing); only the cache and new memory can serve.
   RelaxedCaptureMode relaxed(*driver_);
   {
     SpinLockHolder lock(&shard.mu);
-    FlushQuickCache(shard);
-    BlockPool& pool = shard.PoolFor(size);
-    if (Block* block = TakeFreeBlock(shard, pool, size))
-      return FinishAllocation(shard, pool, block, size, requested);
+    if (DevicePtr p = blocks_.AllocateBestFit(shard, request)) return p;
   }
-  absl::StatusOr<DevicePtr> result = NewSegmentFor(shard, size, requested);
+  absl::StatusOr<DevicePtr> result = NewSegmentFor(shard, request);
   if (!result.ok() || *result != 0) return result;
   if (shard.pool == nullptr) {
-    if (DevicePtr p = AllocateFromOomPools(shard.stream, size, requested)) return p;
+    if (DevicePtr p = AllocateFromOomPools(request)) return p;
   }
-  return OutOfMemory(size, shard.stream);
+  return OutOfMemory(request);
 }
 
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, std::size_t size,
-                                                            std::size_t requested) {
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
+                                                            const AllocationRequest& request) {
   const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
-  const std::size_t segment_size = no_split ? RoundUp(size, kRoundLarge) : SegmentSizeFor(size, config_);
+  const std::size_t segment_size =
+      no_split ? RoundUp(request.size, kRoundLarge) : SegmentSizeFor(request.size, config_);
   {
     MutexLock lock(&device_mu_);
-    const auto reserved = static_cast<std::size_t>(device_stats_.reserved_bytes.all().current);
-    if (memory_limit_ != 0 && reserved + reserved_in_flight_ + segment_size > memory_limit_)
-      return DevicePtr{0};
-    reserved_in_flight_ += segment_size;
+    const auto reserved = segments_.reserved_bytes();
+    if (!budget_.BeginSegment(reserved, segment_size)) return DevicePtr{0};
   }
   const std::shared_ptr<SegmentSource> source = shard.pool != nullptr ? shard.pool->segment_source : nullptr;
   absl::StatusOr<DevicePtr> base =
       source != nullptr ? source->Allocate(segment_size, shard.stream) : driver_->MemAlloc(segment_size);
   if (base.ok() && *base == 0) base = absl::ResourceExhaustedError("the segment source returned no memory");
   SpinLockHolder shard_lock(&shard.mu);
-  BlockPool& pool = shard.PoolFor(size);
+  BlockPool& pool = shard.PoolFor(request.size);
   auto* segment = new Segment;
   {
     MutexLock lock(&device_mu_);
-    reserved_in_flight_ -= segment_size;
+    budget_.EndSegment(segment_size);
     if (!base.ok()) {
       delete segment;
       if (absl::IsResourceExhausted(base.status())) return DevicePtr{0};
@@ -149,8 +142,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, 
     segment->source = source;
     segment->shard = &shard;
     segment->pool = &pool;
-    LinkSegment(segment);
-    ++device_stats_.num_device_alloc;
+    segments_.Link(segment);
+    ++segments_.stats().num_device_alloc;
   }
   history_.Record(HistoryAction::kSegmentAlloc, segment->base, segment->size,
                   static_cast<std::uint64_t>(shard.stream), 0);
@@ -160,89 +153,61 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard, 
   block->segment = segment;
   segment->head = block;
   // The new block is active from birth: FinishAllocation accounts for it as a taken free block.
-  return FinishAllocation(shard, pool, block, size, requested);
-}
-
-void CachingAllocator::LinkSegment(Segment* segment) {
-  const bool small = segment->pool->is_small;
-  segments_.emplace(segment->base, segment);
-  device_stats_.segment.Increase(small, 1);
-  device_stats_.reserved_bytes.Increase(small, static_cast<std::int64_t>(segment->size));
-  AccountPoolReserved(segment, static_cast<std::int64_t>(segment->size));
-  if (segment->size >= config_.max_split_size) device_stats_.oversize_segments.Increase(small, 1);
-}
-
-void CachingAllocator::UnlinkSegment(Segment* segment) {
-  const bool small = segment->pool->is_small;
-  segments_.erase(segment->base);
-  device_stats_.segment.Decrease(small, 1);
-  device_stats_.reserved_bytes.Decrease(small, static_cast<std::int64_t>(segment->size));
-  AccountPoolReserved(segment, -static_cast<std::int64_t>(segment->size));
-  if (segment->size >= config_.max_split_size) device_stats_.oversize_segments.Decrease(small, 1);
-}
-
-void CachingAllocator::AccountPoolReserved(const Segment* segment, std::int64_t bytes) {
-  PoolState* pool = segment->shard->pool;
-  if (pool == nullptr) return;
-  pool->reserved_bytes += bytes;
-  pool->peak_reserved_bytes = std::max(pool->peak_reserved_bytes, pool->reserved_bytes);
+  return blocks_.FinishAllocation(shard, pool, block, request);
 }
 
 absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
     bool only_oversize, std::size_t wanted, PoolId scope) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // Candidates from every shard, chosen with all of them locked so that the choice is coherent.
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  std::vector<Block*> candidates;
-  ForEachShard([&](StreamShard* shard) {
-    if (!Releasable(shard, scope)) return;
-    FlushQuickCache(*shard);
-    for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
-      if (only_oversize && pool->is_small) continue;
-      for (const FreeKey& key : pool->blocks) {
-        Block* b = key.block;
-        if (b->IsSplit() || b->segment->expandable) continue;
-        if (only_oversize && b->size < config_.max_split_size) continue;
-        candidates.push_back(b);
-      }
-    }
-  });
-  bool enough = true;
-  if (only_oversize) {
-    // One block that covers the need if there is one (the smallest such), else the largest first.
-    std::sort(candidates.begin(), candidates.end(), [](Block* a, Block* b) { return a->size < b->size; });
-    auto fit =
-        std::find_if(candidates.begin(), candidates.end(), [&](Block* b) { return b->size >= wanted; });
-    if (fit != candidates.end()) {
-      candidates = {*fit};
-    } else {
-      std::reverse(candidates.begin(), candidates.end());
-      std::size_t total = 0;
-      std::size_t n = 0;
-      while (n < candidates.size() && total < wanted) total += candidates[n++]->size;
-      enough = total >= wanted;
-      candidates.resize(n);
-    }
-  }
   std::vector<Segment*> victims;
   std::size_t freed = 0;
-  if (enough) {
-    device_mu_.Lock();
-    for (Block* b : candidates) {
-      b->segment->pool->Erase(b);
-      ++b->segment->shard->blocks_in_release;
-      UnlinkSegment(b->segment);
-      victims.push_back(b->segment);
-      freed += b->size;
+  {
+    // Candidates from every shard, chosen with all of them locked so that the choice is coherent.
+    AllShardsLock lock(shards_, device_mu_);
+    std::vector<Block*> candidates;
+    lock.ForEach([&](StreamShard* shard) {
+      if (!PoolRegistry::Releasable(shard->pool, scope)) return;
+      blocks_.FlushQuickCache(*shard);
+      for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
+        if (only_oversize && pool->is_small) continue;
+        for (const FreeKey& key : pool->blocks) {
+          Block* b = key.block;
+          if (b->IsSplit() || b->segment->expandable) continue;
+          if (only_oversize && b->size < config_.max_split_size) continue;
+          candidates.push_back(b);
+        }
+      }
+    });
+    bool enough = true;
+    if (only_oversize) {
+      // One block that covers the need if there is one (the smallest such), else the largest first.
+      std::sort(candidates.begin(), candidates.end(), [](Block* a, Block* b) { return a->size < b->size; });
+      auto fit =
+          std::find_if(candidates.begin(), candidates.end(), [&](Block* b) { return b->size >= wanted; });
+      if (fit != candidates.end()) {
+        candidates = {*fit};
+      } else {
+        std::reverse(candidates.begin(), candidates.end());
+        std::size_t total = 0;
+        std::size_t n = 0;
+        while (n < candidates.size() && total < wanted) total += candidates[n++]->size;
+        enough = total >= wanted;
+        candidates.resize(n);
+      }
     }
-    device_mu_.Unlock();
+    if (enough) {
+      for (Block* b : candidates) {
+        b->segment->pool->Erase(b);
+        ++b->segment->shard->blocks_in_release;
+        segments_.Unlink(b->segment);
+        victims.push_back(b->segment);
+        freed += b->size;
+      }
+    }
   }
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   if (!only_oversize) {
     // Expandable segments give back their free pages wherever they are (never counted as oversize).
-    absl::StatusOr<std::size_t> unmapped = ReleaseExpandableMemory(scope);
+    absl::StatusOr<std::size_t> unmapped = expandable_.Release(scope);
     if (!unmapped.ok()) return unmapped.status();
     freed += *unmapped;
   }
@@ -273,11 +238,11 @@ absl::Status CachingAllocator::ReleaseSegments(std::vector<Segment*> segments) {
     // A segment the device refused to free stays cached, exactly as before.
     if (first_error.ok()) first_error = s;
     MutexLock lock(&device_mu_);
-    LinkSegment(segment);
+    segments_.Link(segment);
     segment->pool->Insert(segment->head);
   }
   MutexLock lock(&device_mu_);
-  device_stats_.num_device_free += released;
+  segments_.stats().num_device_free += released;
   return first_error;
 }
 
@@ -285,61 +250,58 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
   std::size_t target = 0;
   {
     MutexLock lock(&device_mu_);
-    if (memory_limit_ == 0) return std::size_t{0};
-    const auto reserved = static_cast<double>(device_stats_.reserved_bytes.all().current);
-    const double threshold = config_.garbage_collection_threshold * static_cast<double>(memory_limit_);
-    if (reserved <= threshold) return std::size_t{0};
-    target = static_cast<std::size_t>(reserved - threshold);
+    target =
+        budget_.GarbageCollectionTarget(segments_.reserved_bytes(), config_.garbage_collection_threshold);
+    if (target == 0) return std::size_t{0};
   }
-  // Free the oldest unsplit large blocks first: those at least as old as the mean, repeatedly.
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
   std::vector<Segment*> victims;
   std::size_t freed = 0;
-  while (freed < target) {
-    std::vector<Block*> candidates;
-    double total_age = 0;
-    ForEachShard([&](StreamShard* shard) {
-      if (!Releasable(shard, kDefaultPool)) return;
-      FlushQuickCache(*shard);
-      const BlockPool& pool = shard->large_pool;
-      for (const FreeKey& key : pool.blocks) {
-        if (key.block->IsSplit() || key.block->segment->expandable) continue;
-        candidates.push_back(key.block);
-        total_age += static_cast<double>(pool.free_block_lookups - key.block->gc_count_base);
+  {
+    // Free the oldest unsplit large blocks first: those at least as old as the mean, repeatedly.
+    AllShardsLock lock(shards_, device_mu_);
+    while (freed < target) {
+      std::vector<Block*> candidates;
+      double total_age = 0;
+      lock.ForEach([&](StreamShard* shard) {
+        if (!PoolRegistry::Releasable(shard->pool, kDefaultPool)) return;
+        blocks_.FlushQuickCache(*shard);
+        const BlockPool& pool = shard->large_pool;
+        for (const FreeKey& key : pool.blocks) {
+          if (key.block->IsSplit() || key.block->segment->expandable) continue;
+          candidates.push_back(key.block);
+          total_age += static_cast<double>(pool.free_block_lookups - key.block->gc_count_base);
+        }
+      });
+      if (candidates.empty()) break;
+      const double mean_age = total_age / static_cast<double>(candidates.size());
+      std::size_t freed_now = 0;
+      for (Block* b : candidates) {
+        BlockPool& pool = *b->segment->pool;
+        if (static_cast<double>(pool.free_block_lookups - b->gc_count_base) < mean_age) continue;
+        pool.Erase(b);
+        ++b->segment->shard->blocks_in_release;
+        segments_.Unlink(b->segment);
+        victims.push_back(b->segment);
+        freed_now += b->size;
       }
-    });
-    if (candidates.empty()) break;
-    const double mean_age = total_age / static_cast<double>(candidates.size());
-    std::size_t freed_now = 0;
-    device_mu_.Lock();
-    for (Block* b : candidates) {
-      BlockPool& pool = *b->segment->pool;
-      if (static_cast<double>(pool.free_block_lookups - b->gc_count_base) < mean_age) continue;
-      pool.Erase(b);
-      ++b->segment->shard->blocks_in_release;
-      UnlinkSegment(b->segment);
-      victims.push_back(b->segment);
-      freed_now += b->size;
+      if (freed_now == 0) break;
+      freed += freed_now;
     }
-    device_mu_.Unlock();
-    if (freed_now == 0) break;
-    freed += freed_now;
   }
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
   return freed;
 }
 
-absl::Status CachingAllocator::OutOfMemory(std::size_t size, Stream stream) {
+absl::Status CachingAllocator::OutOfMemory(const AllocationRequest& request) {
+  const std::size_t size = request.size;
+  const Stream stream = request.stream;
   absl::StatusOr<MemoryInfo> info = driver_->GetMemoryInfo();
   const DeviceStats stats = GetStats();
   std::size_t limit = 0;
   {
     MutexLock lock(&device_mu_);
-    ++device_stats_.num_ooms;
-    limit = memory_limit_;
+    ++segments_.stats().num_ooms;
+    limit = budget_.limit();
   }
   const auto allocated = static_cast<std::size_t>(stats.allocated_bytes.all().current);
   const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.all().current);
@@ -363,7 +325,7 @@ absl::Status CachingAllocator::OutOfMemory(std::size_t size, Stream stream) {
 }
 
 absl::Status CachingAllocator::EmptyCache() {
-  if (captures_underway_.load(std::memory_order_acquire) > 0) {
+  if (captures_.underway()) {
     return absl::FailedPreconditionError(
         "EmptyCache during a CUDA graph capture: freeing device memory is illegal while capturing (and the "
         "capture may use the cached memory); call it after the capture ends");
@@ -376,9 +338,7 @@ absl::Status CachingAllocator::EmptyCache() {
   std::vector<PoolId> orphans;
   {
     MutexLock lock(&device_mu_);
-    for (const auto& [id, pool] : pools_) {
-      if (pool->orphaned.load(std::memory_order_acquire)) orphans.push_back(id);
-    }
+    orphans = pools_.Orphans();
   }
   for (PoolId id : orphans) {
     if (absl::Status s = MaybeReleasePool(id); !s.ok()) return s;

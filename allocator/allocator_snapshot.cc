@@ -14,107 +14,62 @@ BlockState StateOf(const Block* b) {
   return b->event_count > 0 ? BlockState::kPendingFree : BlockState::kFree;
 }
 
-}  // namespace
-
-MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label,
-                                              bool record_event) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  MemorySnapshot snapshot;
-  snapshot.label = std::string(label);
-  snapshot.source = "graphalloc";
-  snapshot.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
-  const DeviceInfo& info = driver_->Info();
-  snapshot.device = DeviceDescription{info.ordinal, info.name, info.total_memory, info.granularity};
-  snapshot.config = config_.ToString();
-
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
-  ForEachShard([&](StreamShard* s) { AddBlockStats(snapshot.stats, s->stats); });
-  CopySegmentStats(snapshot.stats, device_stats_);
-  snapshot.segments.reserve(segments_.size());
-  for (const auto& [base, segment] : segments_) {
-    SegmentSnapshot& out = snapshot.segments.emplace_back();
-    out.address = segment->base;
-    out.total_size = segment->size;
-    out.stream = static_cast<std::uint64_t>(segment->stream);
-    out.pool_id = segment->shard->pool != nullptr ? segment->shard->pool->id : kDefaultPool;
-    out.kind = segment->pool->is_small ? SegmentKind::kSmall : SegmentKind::kLarge;
-    out.expandable = segment->expandable;
-    if (segment->vmm != nullptr) {
-      for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
-        const std::uint64_t offset = ptr - segment->base;
-        const DevicePtr at = ptr;  // clang 14 cannot capture structured bindings
-        const bool accessible = std::none_of(quarantine_.begin(), quarantine_.end(),
-                                             [at](const QuarantinedChunk& q) { return q.chunk.ptr == at; });
-        if (!out.mapped.empty() && out.mapped.back().offset + out.mapped.back().size == offset &&
-            out.mapped.back().accessible == accessible) {
-          out.mapped.back().size += chunk.size;
-        } else {
-          out.mapped.push_back({offset, chunk.size, accessible});
-        }
-      }
+// The blocks of `segment` as a snapshot shows them.
+void AddBlocks(const Segment& segment, SegmentSnapshot* out) {
+  for (const Block* b = segment.head; b != nullptr; b = b->next) {
+    // Adjacent free blocks exist only while one of them is parked in the quick cache; they are shown
+    // merged, as coalescing leaves them and as the statistics count them. (Merging them here would change
+    // later allocation decisions: a snapshot must not.)
+    if (StateOf(b) == BlockState::kFree && !out->blocks.empty() &&
+        out->blocks.back().state == BlockState::kFree) {
+      out->blocks.back().size += b->size;
+      continue;
     }
-    for (const Block* b = segment->head; b != nullptr; b = b->next) {
-      // Adjacent free blocks exist only while one of them is parked in the quick cache; they are shown
-      // merged, as coalescing leaves them and as the statistics count them. (Merging them here would change
-      // later allocation decisions: a snapshot must not.)
-      if (StateOf(b) == BlockState::kFree && !out.blocks.empty() &&
-          out.blocks.back().state == BlockState::kFree) {
-        out.blocks.back().size += b->size;
-        continue;
-      }
-      BlockSnapshot& block = out.blocks.emplace_back();
-      block.address = b->ptr;
-      block.size = b->size;
-      block.requested_size = b->allocated ? b->requested_size : 0;
-      block.state = StateOf(b);
-      block.stream = static_cast<std::uint64_t>(b->stream());
-    }
+    BlockSnapshot& block = out->blocks.emplace_back();
+    block.address = b->ptr;
+    block.size = b->size;
+    block.requested_size = b->allocated ? b->requested_size : 0;
+    block.state = StateOf(b);
+    block.stream = static_cast<std::uint64_t>(b->stream());
   }
-  // Pool 0 carries the device's totals (private pools included, as PyTorch's memory_stats does); each
-  // private pool follows with its own figures.
-  PoolSnapshot& pool = snapshot.pools.emplace_back();
+}
+
+// Pool 0 carries the device's totals (private pools included, as PyTorch's memory_stats does).
+PoolSnapshot DevicePool(const DeviceStats& stats) {
+  PoolSnapshot pool;
   pool.id = 0;
-  pool.reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().current);
-  pool.allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().current);
-  pool.peak_reserved_bytes = static_cast<std::uint64_t>(snapshot.stats.reserved_bytes.all().peak);
-  pool.peak_allocated_bytes = static_cast<std::uint64_t>(snapshot.stats.allocated_bytes.all().peak);
-  for (const auto& [id, state] : pools_) {
-    PoolSnapshot& p = snapshot.pools.emplace_back();
-    p.id = id;
-    p.use_count = state->users.load(std::memory_order_relaxed) + state->pins.load(std::memory_order_relaxed);
-    p.reserved_bytes = static_cast<std::uint64_t>(state->reserved_bytes);
-    p.peak_reserved_bytes = static_cast<std::uint64_t>(state->peak_reserved_bytes);
-    p.allocated_bytes = static_cast<std::uint64_t>(state->allocated_bytes.load(std::memory_order_relaxed));
-    p.peak_allocated_bytes =
-        static_cast<std::uint64_t>(state->peak_allocated_bytes.load(std::memory_order_relaxed));
-  }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
+  pool.reserved_bytes = static_cast<std::uint64_t>(stats.reserved_bytes.all().current);
+  pool.allocated_bytes = static_cast<std::uint64_t>(stats.allocated_bytes.all().current);
+  pool.peak_reserved_bytes = static_cast<std::uint64_t>(stats.reserved_bytes.all().peak);
+  pool.peak_allocated_bytes = static_cast<std::uint64_t>(stats.allocated_bytes.all().peak);
+  return pool;
+}
 
-  history_.ExportTo(&snapshot);
-  // The snapshot's own event, with the active bytes it saw, goes after the history it holds, so that its
-  // last event is the allocator's last action (as in PyTorch's snapshots); later snapshots show where it was
-  // taken.
-  if (record_event) {
-    history_.Record(HistoryAction::kSnapshot, 0,
-                    static_cast<std::uint64_t>(snapshot.stats.active_bytes.all().current), 0, 0);
-  }
-  // A live block's stack and annotation are those of the last recorded allocation at its address. A
-  // segment's stack is that of the last segment_alloc at its address or, for an expandable segment (whose
-  // reservation is not an event), of the oldest segment_map still in the history inside it.
+PoolSnapshot PrivatePoolOf(PoolId id, const PoolState& state) {
+  PoolSnapshot p;
+  p.id = id;
+  p.use_count = state.users.load(std::memory_order_relaxed) + state.pins.load(std::memory_order_relaxed);
+  p.reserved_bytes = static_cast<std::uint64_t>(state.reserved_bytes);
+  p.peak_reserved_bytes = static_cast<std::uint64_t>(state.peak_reserved_bytes);
+  p.allocated_bytes = static_cast<std::uint64_t>(state.allocated_bytes.load(std::memory_order_relaxed));
+  p.peak_allocated_bytes =
+      static_cast<std::uint64_t>(state.peak_allocated_bytes.load(std::memory_order_relaxed));
+  return p;
+}
+
+// A live block's stack and annotation are those of the last recorded allocation at its address. A
+// segment's stack is that of the last segment_alloc at its address or, for an expandable segment (whose
+// reservation is not an event), of the oldest segment_map still in the history inside it.
+void AttributeStacks(MemorySnapshot* snapshot) {
   absl::flat_hash_map<std::uint64_t, const HistoryEvent*> last_alloc;
   absl::flat_hash_map<std::uint64_t, const HistoryEvent*> last_segment_alloc;
   std::map<std::uint64_t, const HistoryEvent*> first_map;  // by address, for the range lookup below
-  for (const HistoryEvent& e : snapshot.history) {
+  for (const HistoryEvent& e : snapshot->history) {
     if (e.action == HistoryAction::kAlloc) last_alloc[e.address] = &e;
     if (e.action == HistoryAction::kSegmentAlloc) last_segment_alloc[e.address] = &e;
     if (e.action == HistoryAction::kSegmentMap) first_map.emplace(e.address, &e);
   }
-  for (SegmentSnapshot& segment : snapshot.segments) {
+  for (SegmentSnapshot& segment : snapshot->segments) {
     const HistoryEvent* made = nullptr;
     if (auto it = last_segment_alloc.find(segment.address); it != last_segment_alloc.end()) {
       made = it->second;
@@ -126,18 +81,74 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label,
     }
     if (made != nullptr) segment.frames = made->frames;
   }
-  if (!last_alloc.empty()) {
-    for (SegmentSnapshot& segment : snapshot.segments) {
-      for (BlockSnapshot& block : segment.blocks) {
-        if (block.state == BlockState::kFree) continue;
-        auto it = last_alloc.find(block.address);
-        if (it == last_alloc.end()) continue;
-        block.frames = it->second->frames;
-        block.annotation = it->second->annotation;
-      }
+  if (last_alloc.empty()) return;
+  for (SegmentSnapshot& segment : snapshot->segments) {
+    for (BlockSnapshot& block : segment.blocks) {
+      if (block.state == BlockState::kFree) continue;
+      auto it = last_alloc.find(block.address);
+      if (it == last_alloc.end()) continue;
+      block.frames = it->second->frames;
+      block.annotation = it->second->annotation;
     }
   }
+}
+
+}  // namespace
+
+MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool record_event) const {
+  MemorySnapshot snapshot;
+  snapshot.label = std::string(label);
+  snapshot.source = "graphalloc";
+  snapshot.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+  const DeviceInfo& info = driver_->Info();
+  snapshot.device = DeviceDescription{info.ordinal, info.name, info.total_memory, info.granularity};
+  snapshot.config = config_.ToString();
+  SnapshotState(&snapshot);
+  history_.ExportTo(&snapshot);
+  // The snapshot's own event, with the active bytes it saw, goes after the history it holds, so that its
+  // last event is the allocator's last action (as in PyTorch's snapshots); later snapshots show where it was
+  // taken.
+  if (record_event) {
+    history_.Record(HistoryAction::kSnapshot, 0,
+                    static_cast<std::uint64_t>(snapshot.stats.active_bytes.all().current), 0, 0);
+  }
+  AttributeStacks(&snapshot);
   return snapshot;
+}
+
+void CachingAllocator::SnapshotState(MemorySnapshot* snapshot) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  AllShardsLock lock(shards_, device_mu_);
+  lock.ForEach([&](StreamShard* s) { AddBlockStats(snapshot->stats, s->stats); });
+  CopySegmentStats(snapshot->stats, segments_.stats());
+  snapshot->segments.reserve(segments_.size());
+  for (const auto& [base, segment] : segments_) {
+    SegmentSnapshot& out = snapshot->segments.emplace_back();
+    out.address = segment->base;
+    out.total_size = segment->size;
+    out.stream = static_cast<std::uint64_t>(segment->stream);
+    out.pool_id = segment->shard->pool != nullptr ? segment->shard->pool->id : kDefaultPool;
+    out.kind = segment->pool->is_small ? SegmentKind::kSmall : SegmentKind::kLarge;
+    out.expandable = segment->expandable;
+    if (segment->vmm != nullptr) {
+      for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
+        const std::uint64_t offset = ptr - segment->base;
+        const bool accessible = expandable_.Accessible(ptr);
+        if (!out.mapped.empty() && out.mapped.back().offset + out.mapped.back().size == offset &&
+            out.mapped.back().accessible == accessible) {
+          out.mapped.back().size += chunk.size;
+        } else {
+          out.mapped.push_back({offset, chunk.size, accessible});
+        }
+      }
+    }
+    AddBlocks(*segment, &out);
+  }
+  // Each private pool follows the device's totals with its own figures.
+  snapshot->pools.push_back(DevicePool(snapshot->stats));
+  pools_.ForEach(
+      [&](PoolId id, const PoolState& state) { snapshot->pools.push_back(PrivatePoolOf(id, state)); });
 }
 
 }  // namespace graphalloc

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graphalloc/allocator/invariant_checker.h"
 #include "graphalloc/allocator/size_policy.h"
 
 namespace graphalloc {
@@ -24,38 +25,43 @@ struct ShardCache {
 };
 thread_local ShardCache tls_shard;
 
-// Records a block event when history is on. The check comes first so that, with history off, nothing of
-// the block or its segment (which has the block's stream) is read.
-// Block events carry the caller's requested size, as PyTorch's trace entries do (the block's rounded size
-// is in the snapshot's blocks).
-void RecordBlockEvent(HistoryRing& history, HistoryAction action, const Block* block) {
-  if (!history.enabled()) return;
-  history.Record(action, block->ptr, block->requested_size, static_cast<std::uint64_t>(block->stream()), 0);
+// What is wrong with passing `ptr` to `operation` when it lies in `segment` (its shard locked): a double
+// free, or an address inside a block; empty when neither.
+std::string MisusedBlock(const Segment& segment, absl::string_view operation, DevicePtr ptr) {
+  for (const Block* b = segment.head; b != nullptr; b = b->next) {
+    if (b->ptr == ptr && !b->allocated) {
+      return absl::StrFormat(
+          "%s(0x%x): double free: the block at this address is not allocated (it was freed already); every "
+          "other allocation is unchanged",
+          operation, ptr);
+    }
+    if (b->ptr == ptr && b->freeing) {
+      return absl::StrFormat("%s(0x%x): double free: another Free() of this block is in progress", operation,
+                             ptr);
+    }
+    if (ptr > b->ptr && ptr < b->end()) {
+      return absl::StrFormat(
+          "%s(0x%x): pointer is inside the %s block at 0x%x (%d bytes), not its start; pass the address "
+          "Allocate() returned",
+          operation, ptr, b->allocated ? "allocated" : "free", b->ptr, b->size);
+    }
+  }
+  return "";
 }
 
-bool Mergeable(const Block* dst, const Block* src) {
-  return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
-         src->mapped == dst->mapped && !src->in_flight;
+absl::Status RequestTooLarge(std::size_t bytes) {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "out of memory: tried to allocate %d bytes, more than 1 EiB; no device has that much memory", bytes));
+}
+
+absl::Status NoShardLeft(Stream stream) {
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "Allocate on stream 0x%x: this allocator already serves %d (pool, stream) pairs, its maximum; reuse "
+      "streams (a stream pool) instead of creating one per operation",
+      static_cast<std::uintptr_t>(stream), ShardTable::kMaxShards));
 }
 
 }  // namespace
-
-// The free neighbours of a block that coalescing would merge with it, on each side.
-struct CachingAllocator::FreeRun {
-  std::size_t left_bytes = 0;
-  std::size_t right_bytes = 0;
-  bool whole_segment = false;  // the block and its run would cover the whole segment
-};
-
-CachingAllocator::FreeRun CachingAllocator::WalkFreeRun(const Block* block) {
-  FreeRun run;
-  const Block* p = block->prev;
-  for (; p != nullptr && Mergeable(block, p); p = p->prev) run.left_bytes += p->size;
-  const Block* n = block->next;
-  for (; n != nullptr && Mergeable(block, n); n = n->next) run.right_bytes += n->size;
-  run.whole_segment = p == nullptr && n == nullptr;
-  return run;
-}
 
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::shared_ptr<Driver> driver,
                                                                            Config config) {
@@ -68,15 +74,22 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::
 }
 
 CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config)
-    : driver_(std::move(driver)), config_(config), id_(next_allocator_id.fetch_add(1)) {
+    : driver_(std::move(driver)),
+      config_(config),
+      id_(next_allocator_id.fetch_add(1)),
+      blocks_(config_, history_),
+      segments_(config_.max_split_size, history_),
+      budget_(driver_->Info().total_memory),
+      captures_(*driver_),
+      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_}) {
   if (config_.record_history) {
     // The options were validated by Config::Parse; a failure here can only be a programming error.
     (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
   }
   MutexLock lock(&device_mu_);
-  device_stats_.max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
-                                     ? -1
-                                     : static_cast<std::int64_t>(config_.max_split_size);
+  segments_.stats().max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
+                                         ? -1
+                                         : static_cast<std::int64_t>(config_.max_split_size);
 }
 
 CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -84,7 +97,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // may still use the memory that is about to be unmapped and freed.
   (void)driver_->DeviceSynchronize();
   std::vector<Event> events;
-  ForEachShard([&](StreamShard* shard) {
+  shards_.ForEach([&](StreamShard* shard) {
     for (auto& [stream, queue] : shard->pending_events) {
       for (const PendingEvent& p : queue) events.push_back(p.event);
     }
@@ -106,19 +119,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     }
     delete segment;
   }
-  for (const ChunkPlacement& h : handle_cache_.TakeAll()) (void)driver_->MemRelease(h.handle);
-  ForEachShard([](StreamShard* shard) { delete shard; });
-}
-
-StreamShard* CachingAllocator::FindShard(PoolId pool, Stream stream) const {
-  StreamShard* found = nullptr;
-  ForEachShard([&](StreamShard* s) {
-    if (found == nullptr && s->key_stream.load(std::memory_order_acquire) == stream &&
-        s->key_pool.load(std::memory_order_acquire) == pool) {
-      found = s;
-    }
-  });
-  return found;
+  expandable_.ReleaseCachedHandlesAtExit();
 }
 
 StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
@@ -127,34 +128,19 @@ StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
       cache.shard->generation.load(std::memory_order_acquire) == cache.generation) {
     return cache.shard;
   }
-  StreamShard* found = FindShard(pool, stream);
+  StreamShard* found = shards_.Find(pool, stream);
   if (found == nullptr) {
-    MutexLock set_lock(&shard_set_mu_);  // not while another thread has every shard locked
+    MutexLock set_lock(&shards_.set_mu());  // not while another thread has every shard locked
     MutexLock lock(&device_mu_);
-    found = FindShard(pool, stream);
+    found = shards_.Find(pool, stream);
     if (found == nullptr) {
       PoolState* state = nullptr;
       if (pool != kDefaultPool) {
-        auto it = pools_.find(pool);
-        if (it == pools_.end()) return nullptr;
-        state = it->second.get();
+        state = pools_.Find(pool);
+        if (state == nullptr) return nullptr;
       }
-      if (!retired_shards_.empty()) {
-        // A shard of a released pool: empty, and unknown to every lookup until re-keyed here.
-        found = retired_shards_.back();
-        retired_shards_.pop_back();
-        SpinLockHolder shard_lock(&found->mu);
-        found->stream = stream;
-        found->pool = state;
-        found->key_stream.store(stream, std::memory_order_release);
-        found->key_pool.store(pool, std::memory_order_release);
-      } else {
-        const std::size_t n = shard_count_.load(std::memory_order_relaxed);
-        if (n == kMaxShards) return nullptr;
-        found = new StreamShard(stream, state);
-        shards_[n].store(found, std::memory_order_release);
-        shard_count_.store(n + 1, std::memory_order_release);
-      }
+      found = shards_.Add(pool, stream, state);
+      if (found == nullptr) return nullptr;
     }
   }
   cache = ShardCache{id_, pool, stream, found, found->generation.load(std::memory_order_acquire)};
@@ -163,177 +149,21 @@ StreamShard* CachingAllocator::ShardFor(PoolId pool, Stream stream) {
 
 absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream stream) {
   if (bytes == 0) return DevicePtr{0};
-  if (bytes > kMaxRequest) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "out of memory: tried to allocate %d bytes, more than 1 EiB; no device has that much memory", bytes));
-  }
-  const PoolId pool_id =
-      open_routes_.load(std::memory_order_acquire) == 0 ? kDefaultPool : RoutedPool(stream);
-  StreamShard* shard = ShardFor(pool_id, stream);
-  if (shard == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "Allocate on stream 0x%x: this allocator already serves %d (pool, stream) pairs, its maximum; reuse "
-        "streams (a stream pool) instead of creating one per operation",
-        static_cast<std::uintptr_t>(stream), kMaxShards));
-  }
+  if (bytes > kMaxRequest) return RequestTooLarge(bytes);
+  const PoolId pool = routes_.any_open() ? routes_.Route(stream, *driver_) : kDefaultPool;
+  StreamShard* shard = ShardFor(pool, stream);
+  if (shard == nullptr) return NoShardLeft(stream);
   // Event queries are illegal while a capture is underway: they wait for the capture to end.
   if (shard->pending_event_count.load(std::memory_order_relaxed) > 0 &&
-      captures_underway_.load(std::memory_order_relaxed) == 0) {
+      !captures_.underway(std::memory_order_relaxed)) {
     ProcessEvents(*shard);
   }
-  const std::size_t size = RoundSize(bytes, config_);
+  const AllocationRequest request(bytes, stream, config_);
   {
     SpinLockHolder lock(&shard->mu);
-    BlockPool& pool = shard->PoolFor(size);
-    Block* block = shard->quick.Peek(size, &pool);
-    FreeRun run;
-    if (block != nullptr && QuickHitIsBestFit(*shard, pool, block, size, &run)) {
-      shard->quick.Remove(block);
-      AccountRunChange(*shard, block, run, /*joining=*/false);
-      return FinishQuickHit(*shard, pool, block, bytes);
-    }
-    {
-      // Best fit must see every free block: parked ones of other sizes go back to the index first.
-      FlushQuickCache(*shard);
-      block = TakeFreeBlock(*shard, pool, size);
-    }
-    if (block != nullptr) return FinishAllocation(*shard, pool, block, size, bytes);
+    if (DevicePtr ptr = blocks_.Allocate(*shard, request)) return ptr;
   }
-  return AllocateSlow(*shard, size, bytes);
-}
-
-Block* CachingAllocator::TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size) {
-  ++pool.free_block_lookups;
-  auto it = pool.LowerBound(size);
-  if (it == pool.blocks.end()) return nullptr;
-  // The block's pointer-map entry is written once the block is allocated: start loading it now, so that
-  // its cache miss overlaps the ones on the block and its neighbour.
-  shard.allocated.Prefetch(it->ptr);
-  Block* block = it->block;
-  // Oversize blocks serve only oversize requests, and those only when the waste stays bounded (not in
-  // expandable segments, whose blocks always split: PyTorch's rule too).
-  if (block->segment->expandable) {
-    pool.blocks.Erase(it);
-    return block;
-  }
-  if (size < config_.max_split_size && block->size >= config_.max_split_size) return nullptr;
-  if (size >= config_.max_split_size && block->size >= size + config_.max_non_split_rounding_size) {
-    return nullptr;
-  }
-  pool.blocks.Erase(it);
-  return block;
-}
-
-DevicePtr CachingAllocator::FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block,
-                                             std::size_t size, std::size_t requested) {
-  const bool small = pool.is_small;
-  const std::size_t remaining = block->size - size;
-  // Large blocks keep remainders of up to 1 MiB (internal fragmentation beats unusable slivers);
-  // oversize blocks are never split.
-  // Expandable segments split any remainder: their free space is contiguous and merges back.
-  const bool expandable = block->segment->expandable;
-  const bool no_split = shard.pool != nullptr && shard.pool->options.no_split;
-  const bool split =
-      !no_split && (small || expandable ? remaining >= kMinBlockSize
-                                        : (size < config_.max_split_size && remaining > kSmallSize));
-  const bool was_split = block->IsSplit() && !expandable;  // inactive_split excludes expandable blocks
-  DeviceStats& stats = shard.stats;
-  if (split) {
-    Block* rest = shard.arena.New();
-    rest->ptr = block->ptr + size;
-    rest->size = remaining;
-    rest->segment = block->segment;
-    rest->prev = block;
-    rest->next = block->next;
-    if (rest->next != nullptr) rest->next->prev = rest;
-    block->next = rest;
-    block->size = size;
-    rest->gc_count_base = pool.free_block_lookups;
-    pool.Insert(rest);
-    if (was_split) {
-      stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(size));
-    } else if (!expandable) {
-      stats.inactive_split.Increase(small, 1);
-      stats.inactive_split_bytes.Increase(small, static_cast<std::int64_t>(remaining));
-    }
-  } else if (was_split) {
-    stats.inactive_split.Decrease(small, 1);
-    stats.inactive_split_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
-  }
-  block->allocated = true;
-  block->requested_size = requested;
-  shard.allocated.Insert(block->ptr, block);
-  UpdateAllocationStats(shard, block, small, +1);
-  stats.active.Increase(small, 1);
-  stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
-  RecordBlockEvent(history_, HistoryAction::kAlloc, block);
-  return block->ptr;
-}
-
-bool CachingAllocator::QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block,
-                                         std::size_t size, FreeRun* run) {
-  // Best fit would see `block` merged with its free neighbours into one block M, choose the smallest free
-  // block that fits (lowest address among equals) and split it. Handing out `block` itself gives exactly
-  // that layout when it is the only parked block (so every other free block has its coalesced size), M
-  // starts at `block`, nothing smaller than M fits, and M would be split right after `block` (or is
-  // `block`). Anything else goes the long way, through the coalesced layout, so decisions stay PyTorch's.
-  if (shard.quick.size() != 1 || Mergeable(block, block->prev)) return false;
-  // The one walk of the run: M's extent here, and the statistics' run for AccountRunChange.
-  std::size_t rest = 0;
-  std::size_t run_blocks = 0;  // all indexed: `block` is the only parked block
-  const Block* run_end = block->next;
-  for (; run_end != nullptr && Mergeable(block, run_end); run_end = run_end->next) {
-    rest += run_end->size;
-    ++run_blocks;
-  }
-  const std::size_t merged = size + rest;
-  if (size < config_.max_split_size && merged >= config_.max_split_size) return false;
-  if (size >= config_.max_split_size && rest != 0) return false;  // oversize blocks are never split
-  // A large block keeps a rest of up to 1 MiB inside, unless it is in an expandable segment, whose blocks
-  // split off any rest (FinishAllocation).
-  if (rest != 0 && !pool.is_small && !block->segment->expandable && rest <= kSmallSize) return false;
-  *run = FreeRun{0, rest, block->prev == nullptr && run_end == nullptr};
-  // Nothing else can compete when every indexed block is part of M, or none is large enough: both are
-  // O(1) to see, and common when a stream reuses one size in a loop (the search below costs more).
-  if (pool.blocks.size() == run_blocks || pool.blocks.LargestSize() < size) return true;
-  // The smallest indexed block that fits, skipping the ones that are part of M (they follow `block`).
-  for (auto it = pool.LowerBound(size); it != pool.blocks.end(); ++it) {
-    if (it->ptr > block->ptr && it->ptr < block->ptr + merged) continue;
-    return it->size > merged || (it->size == merged && it->ptr > block->ptr);
-  }
-  return true;
-}
-
-DevicePtr CachingAllocator::FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block,
-                                           std::size_t requested) {
-  const bool small = pool.is_small;
-  block->allocated = true;
-  block->requested_size = requested;
-  shard.allocated.Insert(block->ptr, block);
-  UpdateAllocationStats(shard, block, small, +1);
-  shard.stats.active.Increase(small, 1);
-  shard.stats.active_bytes.Increase(small, static_cast<std::int64_t>(block->size));
-  RecordBlockEvent(history_, HistoryAction::kAlloc, block);
-  return block->ptr;
-}
-
-void CachingAllocator::UpdateAllocationStats(StreamShard& shard, const Block* block, bool small, int sign) {
-  DeviceStats& stats = shard.stats;
-  const auto bytes = static_cast<std::int64_t>(block->size);
-  const auto requested = static_cast<std::int64_t>(block->requested_size);
-  const bool oversize = block->size >= config_.max_split_size;
-  if (shard.pool != nullptr) shard.pool->AddAllocated(sign * bytes, sign);
-  if (sign > 0) {
-    stats.allocation.Increase(small, 1);
-    stats.allocated_bytes.Increase(small, bytes);
-    stats.requested_bytes.Increase(small, requested);
-    if (oversize) stats.oversize_allocations.Increase(small, 1);
-  } else {
-    stats.allocation.Decrease(small, 1);
-    stats.allocated_bytes.Decrease(small, bytes);
-    stats.requested_bytes.Decrease(small, requested);
-    if (oversize) stats.oversize_allocations.Decrease(small, 1);
-  }
+  return AllocateSlow(*shard, request);
 }
 
 StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
@@ -349,7 +179,7 @@ StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
   StreamShard* guess = tls_shard.allocator_id == id_ ? tls_shard.shard : nullptr;
   if (guess != nullptr && try_shard(guess)) return guess;
   StreamShard* owner = nullptr;
-  ForEachShard([&](StreamShard* shard) {
+  shards_.ForEach([&](StreamShard* shard) {
     if (owner == nullptr && shard != guess && try_shard(shard)) owner = shard;
   });
   return owner;
@@ -369,35 +199,10 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     return UnknownPointerError("Free", ptr);
   }
   RecordBlockEvent(history_, HistoryAction::kFreeRequested, block);
-  if (block->stream_uses.empty()) {
-    shard->allocated.Erase(ptr);
-    block->allocated = false;
-    UpdateAllocationStats(*shard, block, block->segment->pool->is_small, -1);
-    ReleaseBlock(*shard, block);
-    const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
-    shard->mu.Unlock();
-    ReleaseOrphanAfterFree(last_of_orphan);
-    return absl::OkStatus();
-  }
-  // Marked at once, so that a concurrent second Free of the same pointer is refused.
-  block->freeing = true;
-  if (captures_underway_.load(std::memory_order_acquire) > 0) {
-    // Recording events on streams that may be capturing would put them into the graph (and querying them
-    // later is illegal): the free waits until the last capture route ends (RunDeferredFrees).
-    MutexLock lock(&routes_mu_);
-    if (captures_underway_.load(std::memory_order_relaxed) > 0) {
-      deferred_frees_.emplace_back(shard, block);
-      shard->mu.Unlock();
-      return absl::OkStatus();
-    }
-  }
+  if (!block->stream_uses.empty()) return FreeUsedOnOtherStreams(*shard, ptr, block);
+  blocks_.Free(*shard, block);
+  const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();
-  if (absl::Status s = FreeWithStreamUses(*shard, ptr, block); !s.ok()) return s;
-  PoolId last_of_orphan = kDefaultPool;
-  {
-    SpinLockHolder lock(&shard->mu);
-    last_of_orphan = LastBlockOfOrphan(*shard);
-  }
   ReleaseOrphanAfterFree(last_of_orphan);
   return absl::OkStatus();
 }
@@ -416,113 +221,6 @@ PoolId CachingAllocator::LastBlockOfOrphan(const StreamShard& shard) const {
     return kDefaultPool;
   }
   return pool->id;
-}
-
-void CachingAllocator::ReleaseBlock(StreamShard& shard, Block* block) {
-  RecordBlockEvent(history_, HistoryAction::kFreeCompleted, block);
-  block->requested_size = 0;  // kept while the free was pending, for the event above
-  const bool small = block->segment->pool->is_small;
-  shard.stats.active.Decrease(small, 1);
-  shard.stats.active_bytes.Decrease(small, static_cast<std::int64_t>(block->size));
-  InsertFree(shard, block);
-}
-
-void CachingAllocator::InsertFree(StreamShard& shard, Block* block) {
-  BlockPool& pool = *block->segment->pool;
-  // Only garbage collection reads the age (which shares its word with the requested size).
-  if (config_.garbage_collection_threshold > 0.0) block->gc_count_base = pool.free_block_lookups;
-  if (shard.quick.Push(block, &pool)) {
-    // Parked without merging; statistics count its free run as if it were merged.
-    if (!block->segment->expandable) AccountRunChange(shard, block, WalkFreeRun(block), /*joining=*/true);
-    return;
-  }
-  // Merging must see neighbours as they would be: parked blocks merge first. `block` is in neither free
-  // list yet, so it is held out of that flush (as if still allocated) and merges below, with the stats.
-  block->allocated = true;
-  FlushQuickCache(shard);
-  block->allocated = false;
-  const bool small = pool.is_small;
-  DeviceStats& stats = shard.stats;
-  if (block->segment->expandable) {
-    // No inactive_split accounting for expandable segments (as PyTorch).
-    for (Block* neighbour : {block->prev, block->next}) TryMerge(shard, block, neighbour, pool);
-    pool.Insert(block);
-    return;
-  }
-  std::int64_t split_blocks_delta = 0;
-  std::int64_t split_bytes_delta = 0;
-  for (Block* neighbour : {block->prev, block->next}) {
-    const std::size_t absorbed = neighbour != nullptr ? neighbour->size : 0;
-    if (TryMerge(shard, block, neighbour, pool)) {
-      split_blocks_delta -= 1;
-      split_bytes_delta -= static_cast<std::int64_t>(absorbed);
-    }
-  }
-  if (block->IsSplit()) {
-    split_blocks_delta += 1;
-    split_bytes_delta += static_cast<std::int64_t>(block->size);
-  }
-  if (split_blocks_delta > 0) stats.inactive_split.Increase(small, split_blocks_delta);
-  if (split_blocks_delta < 0) stats.inactive_split.Decrease(small, -split_blocks_delta);
-  if (split_bytes_delta > 0) stats.inactive_split_bytes.Increase(small, split_bytes_delta);
-  if (split_bytes_delta < 0) stats.inactive_split_bytes.Decrease(small, -split_bytes_delta);
-  pool.Insert(block);
-}
-
-void CachingAllocator::AccountRunChange(StreamShard& shard, Block* block, const FreeRun& run, bool joining) {
-  // Coalescing would merge `block` with the free blocks on each side; a run counts as one inactive split
-  // block unless it covers its whole segment. Expandable segments count none.
-  if (block->segment->expandable) return;
-  const std::int64_t apart_blocks = (run.left_bytes > 0 ? 1 : 0) + (run.right_bytes > 0 ? 1 : 0);
-  const auto apart_bytes = static_cast<std::int64_t>(run.left_bytes + run.right_bytes);
-  const std::int64_t joined_blocks = run.whole_segment ? 0 : 1;
-  const auto joined_bytes =
-      run.whole_segment ? 0 : static_cast<std::int64_t>(run.left_bytes + block->size + run.right_bytes);
-  const std::int64_t blocks_delta = joining ? joined_blocks - apart_blocks : apart_blocks - joined_blocks;
-  const std::int64_t bytes_delta = joining ? joined_bytes - apart_bytes : apart_bytes - joined_bytes;
-  const bool small = block->segment->pool->is_small;
-  DeviceStats& stats = shard.stats;
-  if (blocks_delta > 0) stats.inactive_split.Increase(small, blocks_delta);
-  if (blocks_delta < 0) stats.inactive_split.Decrease(small, -blocks_delta);
-  if (bytes_delta > 0) stats.inactive_split_bytes.Increase(small, bytes_delta);
-  if (bytes_delta < 0) stats.inactive_split_bytes.Decrease(small, -bytes_delta);
-}
-
-bool CachingAllocator::TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool) {
-  if (!Mergeable(dst, src)) return false;
-  if (src->in_quick) {
-    shard.quick.Remove(src);
-  } else if (!src->mapped) {
-    pool.unmapped.erase(src->ptr);
-  } else {
-    pool.Erase(src);
-  }
-  if (dst->prev == src) {
-    dst->ptr = src->ptr;
-    dst->prev = src->prev;
-    if (dst->prev != nullptr) dst->prev->next = dst;
-    if (dst->segment->head == src) dst->segment->head = dst;
-  } else {
-    dst->next = src->next;
-    if (dst->next != nullptr) dst->next->prev = dst;
-  }
-  dst->size += src->size;
-  shard.arena.Delete(src);
-  return true;
-}
-
-void CachingAllocator::FlushQuickCache(StreamShard& shard) {
-  // Statistics already count parked blocks as merged with their free neighbours: merging them now changes
-  // the layout, not the numbers.
-  shard.quick.Drain([&](Block* b) {
-    BlockPool& pool = *b->segment->pool;
-    // A run may alternate parked and indexed blocks: absorb neighbours until none is free.
-    while (TryMerge(shard, b, b->prev, pool)) {
-    }
-    while (TryMerge(shard, b, b->next, pool)) {
-    }
-    pool.Insert(b);
-  });
 }
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -556,36 +254,12 @@ absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) ABSL_N
 
 absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
                                                    DevicePtr ptr) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // The error path may look at every shard: lock them all, in the lock order.
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
   std::string message;
-  auto it = segments_.upper_bound(ptr);
-  if (it != segments_.begin()) {
-    const Segment* segment = std::prev(it)->second;
-    if (ptr < segment->base + segment->size) {
-      for (const Block* b = segment->head; b != nullptr && message.empty(); b = b->next) {
-        if (b->ptr == ptr && !b->allocated) {
-          message = absl::StrFormat(
-              "%s(0x%x): double free: the block at this address is not allocated (it was freed already); "
-              "every other allocation is unchanged",
-              operation, ptr);
-        } else if (b->ptr == ptr && b->freeing) {
-          message = absl::StrFormat("%s(0x%x): double free: another Free() of this block is in progress",
-                                    operation, ptr);
-        } else if (ptr > b->ptr && ptr < b->end()) {
-          message = absl::StrFormat(
-              "%s(0x%x): pointer is inside the %s block at 0x%x (%d bytes), not its start; pass the address "
-              "Allocate() returned",
-              operation, ptr, b->allocated ? "allocated" : "free", b->ptr, b->size);
-        }
-      }
-    }
+  {
+    // The error path may look at every shard: lock them all, in the lock order.
+    AllShardsLock lock(shards_, device_mu_);
+    if (const Segment* segment = segments_.Containing(ptr)) message = MisusedBlock(*segment, operation, ptr);
   }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
   if (message.empty()) {
     message = absl::StrFormat(
         "%s(0x%x): unknown pointer: it was not returned by this allocator (device %d); every other "
@@ -598,31 +272,31 @@ absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
 
 DeviceStats CachingAllocator::GetStats() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   DeviceStats out;
-  ForEachShard([&](StreamShard* shard) {
+  shards_.ForEach([&](StreamShard* shard) {
     SpinLockHolder lock(&shard->mu);
     AddBlockStats(out, shard->stats);
   });
   MutexLock lock(&device_mu_);
-  CopySegmentStats(out, device_stats_);
+  CopySegmentStats(out, segments_.stats());
   return out;
 }
 
 void CachingAllocator::ResetPeakStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  ForEachShard([](StreamShard* shard) {
+  shards_.ForEach([](StreamShard* shard) {
     SpinLockHolder lock(&shard->mu);
     shard->stats.ResetPeak();
   });
   MutexLock lock(&device_mu_);
-  device_stats_.ResetPeak();
+  segments_.stats().ResetPeak();
 }
 
 void CachingAllocator::ResetAccumulatedStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  ForEachShard([](StreamShard* shard) {
+  shards_.ForEach([](StreamShard* shard) {
     SpinLockHolder lock(&shard->mu);
     shard->stats.ResetAccumulated();
   });
   MutexLock lock(&device_mu_);
-  device_stats_.ResetAccumulated();
+  segments_.stats().ResetAccumulated();
 }
 
 absl::Status CachingAllocator::RecordHistory(const HistoryOptions& options) {
@@ -635,26 +309,30 @@ absl::Status CachingAllocator::SetMemoryFraction(double fraction) {
         absl::StrCat("SetMemoryFraction: fraction must be in [0, 1], got ", fraction));
   }
   MutexLock lock(&device_mu_);
-  memory_fraction_ = fraction;
-  memory_limit_ =
-      fraction >= 1.0
-          ? 0
-          : static_cast<std::size_t>(fraction * static_cast<double>(driver_->Info().total_memory));
-  // A zero fraction allows nothing; represent it as a one-byte cap rather than "no cap".
-  if (fraction < 1.0 && memory_limit_ == 0) memory_limit_ = 1;
+  budget_.SetFraction(fraction);
   return absl::OkStatus();
 }
 
 double CachingAllocator::GetMemoryFraction() const {
   MutexLock lock(&device_mu_);
-  return memory_fraction_;
+  return budget_.fraction();
 }
 
 void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
   MutexLock lock(&device_mu_);
-  memory_limit_ = bytes;
-  memory_fraction_ =
-      bytes == 0 ? 1.0 : static_cast<double>(bytes) / static_cast<double>(driver_->Info().total_memory);
+  budget_.SetLimit(bytes);
+}
+
+absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  AllShardsLock lock(shards_, device_mu_);
+  return InvariantChecker(
+             {lock, segments_, pools_, expandable_, config_.max_split_size, driver_->Info().granularity})
+      .Run();
+}
+
+absl::Status CachingAllocator::EnablePeerAccess(int peer_ordinal) {
+  if (absl::Status s = driver_->EnablePeerAccess(peer_ordinal); !s.ok()) return s;
+  return expandable_.AddPeer(peer_ordinal);
 }
 
 }  // namespace graphalloc

@@ -12,10 +12,25 @@
 // held. Statistics of blocks are kept per stream and summed on read (peaks of those sums are exact with
 // one stream, and an upper bound, the sum of per-stream peaks, with several); segment statistics
 // (reserved bytes, segment counts) are exact device-wide.
+//
+// The class coordinates parts that each own one concern:
+//   ShardTable / AllShardsLock  the stream shards, and locking all of them at once   (shard_table.h)
+//   BlockCache                  a locked shard's blocks: the cache hit, best fit,     (block_cache.h)
+//                               splitting, coalescing; statistics as stat events
+//   SegmentLedger               every segment and the segment statistics              (segment_ledger.h)
+//   MemoryBudget                the memory cap and what may still fit under it        (memory_budget.h)
+//   PoolRegistry                private pools, their users and pins                   (pool_registry.h)
+//   RouteTable, CaptureTracker  routes to pools, deferred frees, capture mode          (route_table.h,
+//                                                                                      capture_tracker.h)
+//   ExpandableSegments          growth and release of expandable segments             (expandable_segments.h)
+//   PoolRestorer                restoring a pool's checkpoint, in phases              (pool_restorer.h)
+//   InvariantChecker            CheckInvariants                                       (invariant_checker.h)
+// What stays here: finding a request's shard and a pointer's owner, the slow path's order of retries
+// (allocation_slow_path.cc), stream events (stream_events.cc), the pool lifecycle (private_pools.cc) and
+// snapshots (allocator_snapshot.cc).
 #ifndef GRAPHALLOC_ALLOCATOR_CACHING_ALLOCATOR_H_
 #define GRAPHALLOC_ALLOCATOR_CACHING_ALLOCATOR_H_
 
-#include <array>
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -26,20 +41,28 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/btree_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "graphalloc/allocator/allocation_request.h"
 #include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/block.h"
+#include "graphalloc/allocator/block_cache.h"
 #include "graphalloc/allocator/block_pool.h"
+#include "graphalloc/allocator/capture_tracker.h"
 #include "graphalloc/allocator/config.h"
 #include "graphalloc/allocator/device/driver.h"
-#include "graphalloc/allocator/handle_cache.h"
+#include "graphalloc/allocator/expandable_segments.h"
 #include "graphalloc/allocator/history/history_ring.h"
+#include "graphalloc/allocator/memory_budget.h"
 #include "graphalloc/allocator/pool_checkpoint.h"
+#include "graphalloc/allocator/pool_registry.h"
 #include "graphalloc/allocator/private_pool.h"
+#include "graphalloc/allocator/route_table.h"
+#include "graphalloc/allocator/segment_ledger.h"
 #include "graphalloc/allocator/segment_source.h"
+#include "graphalloc/allocator/shard_table.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/stats/stat_events.h"
 #include "graphalloc/allocator/stats/stats.h"
 #include "graphalloc/allocator/stream_shard.h"
 
@@ -100,7 +123,7 @@ class CachingAllocator {
   // error describes the first violation. Tests call it after every step.
   absl::Status CheckInvariants() const;
 
-  // ---- Private pools (private_pool.h; pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
+  // ---- Private pools (private_pool.h; private_pools.cc, pool_checkpoint.cc). ----
   // A new pool with one user, the returned handle.
   // With a `segment_source`, the pool's segments come from it instead of the driver (segment_source.h),
   // and are regular segments whatever the configuration says about expandable ones.
@@ -140,52 +163,14 @@ class CachingAllocator {
   friend class PrivatePool;
   friend class PoolRoute;
   friend class GraphPin;
-  // (pool, stream) pairs served at once; shards of released pools are reused.
-  static constexpr std::size_t kMaxShards = 4096;
-
   CachingAllocator(std::shared_ptr<Driver> driver, Config config);
 
   // ---- Shards (caching_allocator.cc). ----
-  // The shard of (`pool`, `stream`), created on first use; nullptr past kMaxShards or when the pool is
-  // gone.
+  // The shard of (`pool`, `stream`), created on first use; nullptr past ShardTable::kMaxShards or when the
+  // pool is gone.
   StreamShard* ShardFor(PoolId pool, Stream stream);
-  // The existing shard of (`pool`, `stream`) or nullptr; never creates one.
-  StreamShard* FindShard(PoolId pool, Stream stream) const;
-  // Runs f(shard) on each shard in creation order (the lock order), without locking it.
-  template <typename F>
-  void ForEachShard(F f) const {
-    const std::size_t n = shard_count_.load(std::memory_order_acquire);
-    for (std::size_t i = 0; i < n; ++i) f(shards_[i].load(std::memory_order_acquire));
-  }
 
-  // ---- Hot path (caching_allocator.cc). ----
-  Block* TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  DevicePtr FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block, std::size_t size,
-                             std::size_t requested) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // A block that stopped being allocated (or waiting on events) goes back: merged into the index, or
-  // parked in the quick cache when merging would not change it.
-  void ReleaseBlock(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  void InsertFree(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // The free neighbours coalescing would merge with a block (caching_allocator.cc).
-  struct FreeRun;
-  static FreeRun WalkFreeRun(const Block* block);
-  // Statistics for `block` joining (parked) or leaving (taken from the quick cache) its run of free
-  // blocks, counted as coalescing would leave them.
-  void AccountRunChange(StreamShard& shard, Block* block, const FreeRun& run, bool joining)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // True when handing out the parked `block` for a request of `size` is exactly what best fit would do;
-  // then `run` is the block's run, from the same walk, for AccountRunChange.
-  bool QuickHitIsBestFit(StreamShard& shard, BlockPool& pool, const Block* block, std::size_t size,
-                         FreeRun* run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  DevicePtr FinishQuickHit(StreamShard& shard, BlockPool& pool, Block* block, std::size_t requested)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  bool TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  void FlushQuickCache(StreamShard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  void UpdateAllocationStats(StreamShard& shard, const Block* block, bool small, int sign)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  absl::Status FreeLocked(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // ---- Hot path (caching_allocator.cc; the cache itself is block_cache.h). ----
   // The id of the shard's pool when that pool waits only for its last live block to go (now gone), else
   // kDefaultPool: the caller then releases it (MaybeReleasePool) with the lock dropped.
   PoolId LastBlockOfOrphan(const StreamShard& shard) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
@@ -193,94 +178,28 @@ class CachingAllocator {
   void ReleaseOrphanAfterFree(PoolId pool);
 
   // ---- Slow path (allocation_slow_path.cc). ----
-  absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, std::size_t size, std::size_t requested);
-  // A new segment (or expandable growth) for the shard's pool kind, serving `size`; 0 when there is no room.
-  absl::StatusOr<DevicePtr> NewSegmentFor(StreamShard& shard, std::size_t size, std::size_t requested);
+  absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, const AllocationRequest& request);
+  // A new segment (or expandable growth) for the shard's pool kind, serving `request`; 0 when there is no
+  // room.
+  absl::StatusOr<DevicePtr> NewSegmentFor(StreamShard& shard, const AllocationRequest& request);
   // The slow path while a capture route is open (see BeginAllocateToPool).
-  absl::StatusOr<DevicePtr> AllocateDuringCapture(StreamShard& shard, std::size_t size,
-                                                  std::size_t requested);
-  void AccountPoolReserved(const Segment* segment, std::int64_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  // Allocates a new segment for `size` and hands out its first block; 0 when the device or the memory
+  absl::StatusOr<DevicePtr> AllocateDuringCapture(StreamShard& shard, const AllocationRequest& request);
+  // Allocates a new segment for `request` and hands out its first block; 0 when the device or the memory
   // limit has no room; an error for any other driver failure.
-  absl::StatusOr<DevicePtr> AllocateSegment(StreamShard& shard, std::size_t size, std::size_t requested);
+  absl::StatusOr<DevicePtr> AllocateSegment(StreamShard& shard, const AllocationRequest& request);
   // Frees unsplit cached segments (all of them, or just enough oversize ones); returns bytes freed.
   // `scope` kDefaultPool: the default pool and private pools without users or pins; a private pool's id:
   // that pool only, unless pinned by a graph.
   absl::StatusOr<std::size_t> ReleaseCachedSegments(bool only_oversize, std::size_t wanted,
                                                     PoolId scope = kDefaultPool);
-  // Whether the release paths of `scope` may return memory of `shard` to the device.
-  bool Releasable(const StreamShard* shard, PoolId scope) const;
   absl::Status ReleaseSegments(std::vector<Segment*> segments);
   // Returns a regular segment's memory to where it came from: the driver, or the pool's segment source.
   absl::Status FreeSegmentMemory(const Segment& segment);
-  void LinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  void UnlinkSegment(Segment* segment) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   absl::StatusOr<std::size_t> GarbageCollect();
 
-  // ---- Expandable segments (expandable_growth.cc, expandable_release.cc). ----
-  struct GrowthPlan;
-  // Serves `size` from the shard's expandable segment of its pool kind, mapping physical memory where
-  // the request needs it (and moving idle chunks of the shard there first); 0 when there is no room.
-  absl::StatusOr<DevicePtr> AllocateExpandable(StreamShard& shard, std::size_t size, std::size_t requested);
-  bool PlanGrowth(StreamShard& shard, BlockPool& pool, std::size_t size, GrowthPlan* plan)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // Runs the plan's driver calls (no lock held) and settles its blocks; false when it could not map.
-  absl::StatusOr<bool> ExecuteGrowth(StreamShard& shard, GrowthPlan& plan);
-  // Reserves a new expandable segment for the shard's small or large pool.
-  absl::Status CreateExpandableSegment(StreamShard& shard, bool small);
-  // Unmaps every chunk wholly covered by free blocks, releases every cached handle and every expandable
-  // segment left wholly unmapped; returns the bytes unmapped.
-  absl::StatusOr<std::size_t> ReleaseExpandableMemory(PoolId scope = kDefaultPool);
-  // Releases every cached physical handle to the device.
-  absl::Status ReleaseCachedHandles();
-  // Before memory of freed blocks is unmapped: waits for the work queued before those frees (a free is
-  // stream-ordered, an unmap is not), on `stream`, or the whole device for nullopt or a stream the driver
-  // does not know. Aborted, waiting for nothing, while a capture is underway (a synchronization would break
-  // it; no driver error maps to Aborted). The caller holds unmap_gate_ through its unmaps.
-  absl::Status WaitForWorkBeforeUnmap(std::optional<Stream> stream)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(unmap_gate_);
-  // Splits `b` at `at`: `b` keeps [ptr, at), the returned new block gets [at, end) with b's state.
-  Block* SplitOff(StreamShard& shard, Block* b, DevicePtr at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // Takes [begin, end) out of the free block `b` (indexed) as an in-flight block; the rest stays free.
-  Block* CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // A block out of every index (in flight or just mapped/unmapped) goes back: merged with neighbours of
-  // its mapped state, into the free index or the unmapped index.
-  void ReturnToIndex(StreamShard& shard, Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // The in-flight block `b`, tiled exactly by `chunks`, goes back with chunk i mapped iff mapped[i]. A chunk
-  // with no_access[i] (mapped, but without access: see quarantine_) becomes a block of its own that stays in
-  // flight, quarantined.
-  void SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,
-                      const std::vector<bool>& mapped, const std::vector<bool>& no_access = {})
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu, device_mu_);
-  // Retries the quarantined chunks (quarantine_): grants access to each, or else, with `may_unmap`, unmaps it
-  // (its handle goes to the handle cache); a chunk neither call fixes stays quarantined, and the first
-  // error is returned. A fixed chunk becomes a free mapped (or unmapped) block.
-  absl::Status RepairQuarantinedChunks(bool may_unmap);
-  // Chunk bookkeeping for a map or an unmap that happened (chunk map, reserved bytes, counters, history).
-  void AccountMapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  void AccountUnmapped(Segment* segment, const ChunkPlacement& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  absl::Status CheckExpandableInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  absl::Status OutOfMemory(std::size_t size, Stream stream);
+  absl::Status OutOfMemory(const AllocationRequest& request);
 
-  // ---- Private pools (pool_registry.cc, pool_routing.cc, pool_checkpoint.cc). ----
-  // A kPredicate route's predicate, shared by the route and the copies RoutedPool evaluates unlocked.
-  struct RoutePredicate {
-    explicit RoutePredicate(std::function<bool(Stream)> f) : fn(std::move(f)) {}
-    const std::function<bool(Stream)> fn;
-    // Copies taken (under routes_mu_) and not yet done with: EndRoute waits for 0, so that the predicate is
-    // never called after the route has ended (it may refer to its caller's objects, which die then).
-    std::atomic<int> evaluating{0};
-  };
-  struct OpenRoute {
-    std::uint64_t id = 0;
-    PoolId pool = kDefaultPool;
-    PoolRouteFilter filter;  // without its predicate, which `predicate` holds: copies stay cheap
-    std::shared_ptr<RoutePredicate> predicate;
-  };
-  // The pool an allocation on `stream` by this thread goes to (the innermost matching route).
-  PoolId RoutedPool(Stream stream);
+  // ---- Private pools (private_pools.cc). ----
   absl::Status AddPoolUser(PoolId id);
   void DropPoolUser(PoolId id);
   void DropPin(PoolId id);
@@ -289,18 +208,23 @@ class CachingAllocator {
   absl::Status RunDeferredFrees();
   // Returns every byte of a pool without users or pins once it has no live block, and forgets it.
   absl::Status MaybeReleasePool(PoolId id);
+  // Forgets an orphaned pool whose memory is all gone, retiring its shards; nothing when some is left.
+  void ForgetPoolIfEmpty(PoolId id);
   // A default-pool allocation that failed tries the cached free blocks of use_on_oom pools.
-  DevicePtr AllocateFromOomPools(Stream stream, std::size_t size, std::size_t requested);
-  // Locks every shard of `pool` (in the lock order); returns them.
-  std::vector<StreamShard*> LockPoolShards(PoolId pool) const ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  absl::Status CheckPoolQuiet(const std::vector<StreamShard*>& shards) const;
-  absl::Status CheckPoolInvariants() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
+  DevicePtr AllocateFromOomPools(const AllocationRequest& request);
 
   // ---- Stream events (stream_events.cc). ----
+  // Free() of a block recorded on other streams (its shard locked; unlocked on return): deferred while a
+  // capture is underway, else an event on each of those streams holds it until their work is done.
+  absl::Status FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block)
+      ABSL_UNLOCK_FUNCTION(shard.mu);
   absl::Status FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block);
   void ProcessEvents(StreamShard& shard);
   absl::Status SynchronizeAndFreeEvents();
   void CompleteEvent(StreamShard& shard, const PendingEvent& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+
+  // The statistics, segments and pools of a snapshot, all taken under every lock (allocator_snapshot.cc).
+  void SnapshotState(MemorySnapshot* snapshot) const;
 
   // ---- Lookup. ----
   // The shard whose allocated map holds `ptr`, locked; nullptr (nothing locked) if none.
@@ -313,56 +237,25 @@ class CachingAllocator {
   // Allocation history; recording is lock-free and may happen with any lock held.
   mutable HistoryRing history_;
 
-  // Shards: appended under device_mu_, never removed before destruction, read without a lock.
-  std::array<std::atomic<StreamShard*>, kMaxShards> shards_{};
-  std::atomic<std::size_t> shard_count_{0};
-
-  // Held across every lock-every-shard sequence and while a shard is created (or a retired one re-keyed), so
-  // that such a sequence locks, works on and unlocks one fixed set of shards. Lock order: this, then shards
-  // (in creation order), then device_mu_.
-  mutable Mutex shard_set_mu_;
-  // Device-wide state, touched only on the slow path. Lock order: shards (in creation order), then this.
+  // Every stream shard; AllShardsLock locks them all (shard_table.h).
+  ShardTable shards_;
+  // What is done to a locked shard's blocks (block_cache.h).
+  BlockCache blocks_;
+  // Device-wide state, touched only on the slow path. Lock order: the shard set, shards (in creation
+  // order), then this.
   mutable Mutex device_mu_;
-  absl::btree_map<DevicePtr, Segment*> segments_ ABSL_GUARDED_BY(device_mu_);
-  DeviceStats device_stats_
-      ABSL_GUARDED_BY(device_mu_);  // segment, reserved_bytes, oversize_segments, counters
-  std::size_t reserved_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;  // segment bytes being allocated unlocked
-  std::size_t memory_limit_ ABSL_GUARDED_BY(device_mu_) = 0;        // 0: no cap
-  double memory_fraction_ ABSL_GUARDED_BY(device_mu_) = 1.0;
-  // Expandable segments: unmapped physical handles kept for reuse, physical bytes taken out of that cache
-  // or being created for a growth not yet accounted as reserved, and the peers every mapping grants.
-  HandleCache handle_cache_ ABSL_GUARDED_BY(device_mu_);
-  std::size_t growth_in_flight_ ABSL_GUARDED_BY(device_mu_) = 0;
-  std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);
-  // Chunks mapped without access: a mapping call sequence failed (at a later map or at the access call) and
-  // the device then refused to unmap what it had mapped. Such a chunk must never be handed out (touching
-  // it faults), yet the device holds it: it stays mapped and counted as reserved, as a block of its own
-  // that stays in flight (out of every index, merged with nothing) until RepairQuarantinedChunks() grants
-  // access or unmaps it (at the next growth, release, checkpoint or restore). Snapshots show its range
-  // as mapped without access.
-  struct QuarantinedChunk {
-    Block* block;  // in flight, exactly the chunk
-    ChunkPlacement chunk;
-  };
-  std::vector<QuarantinedChunk> quarantine_ ABSL_GUARDED_BY(device_mu_);
-  std::atomic<std::size_t> quarantined_{0};  // quarantine_.size(), read without the lock
-
-  // Private pools, and the shards of released ones waiting for reuse.
-  absl::btree_map<PoolId, std::unique_ptr<PoolState>> pools_ ABSL_GUARDED_BY(device_mu_);
-  PoolId next_pool_id_ ABSL_GUARDED_BY(device_mu_) = 1;
-  std::vector<StreamShard*> retired_shards_ ABSL_GUARDED_BY(device_mu_);
-  // Open routes (innermost last) and frees deferred until no capture route is open. A leaf lock: nothing
-  // else is locked while it is held, except shard locks taken before it.
-  mutable Mutex routes_mu_;
-  std::vector<OpenRoute> routes_ ABSL_GUARDED_BY(routes_mu_);
-  std::uint64_t next_route_id_ ABSL_GUARDED_BY(routes_mu_) = 1;
-  std::vector<std::pair<StreamShard*, Block*>> deferred_frees_ ABSL_GUARDED_BY(routes_mu_);
-  std::atomic<int> open_routes_{0};
-  std::atomic<int> captures_underway_{0};  // open capture routes
-  // Held from "no capture underway" through the synchronization and the unmaps that depend on it (a
-  // synchronization would break a capture). A capture route is counted in captures_underway_ under it,
-  // so a capture cannot begin in between. Taken with no other allocator lock held.
-  Mutex unmap_gate_;
+  // Every segment, and the segment statistics (segment_ledger.h).
+  SegmentLedger segments_ ABSL_GUARDED_BY(device_mu_);
+  MemoryBudget budget_ ABSL_GUARDED_BY(device_mu_);
+  // Private pools (pool_registry.h).
+  PoolRegistry pools_ ABSL_GUARDED_BY(device_mu_);
+  // Whether a capture is underway, and the gate between captures and synchronizations (capture_tracker.h).
+  CaptureTracker captures_;
+  // Open routes and frees deferred until no capture route is open (route_table.h).
+  RouteTable routes_;
+  // Growth and release of expandable segments, their handle cache, peers and quarantine
+  // (expandable_segments.h).
+  ExpandableSegments expandable_;
 };
 
 }  // namespace graphalloc

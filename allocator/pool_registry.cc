@@ -1,303 +1,93 @@
-// Private pools: creation, users and pins, per-pool statistics and cache release, and the release of a
-// pool nobody uses any more.
+#include "graphalloc/allocator/pool_registry.h"
+
+#include <utility>
+
 #include "absl/strings/str_format.h"
-#include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 
-// ---- Handles. ----
-
-PrivatePool::PrivatePool(const PrivatePool& other) : allocator_(other.allocator_), id_(other.id_) {
-  // The source holds a use, so the pool exists and the count cannot fail to rise.
-  if (allocator_ != nullptr) (void)allocator_->AddPoolUser(id_);
-}
-
-PrivatePool& PrivatePool::operator=(const PrivatePool& other) {
-  if (this != &other) {
-    PrivatePool copy(other);
-    *this = std::move(copy);
-  }
-  return *this;
-}
-
-PrivatePool::PrivatePool(PrivatePool&& other) noexcept : allocator_(other.allocator_), id_(other.id_) {
-  other.allocator_ = nullptr;
-  other.id_ = kDefaultPool;
-}
-
-PrivatePool& PrivatePool::operator=(PrivatePool&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    allocator_ = other.allocator_;
-    id_ = other.id_;
-    other.allocator_ = nullptr;
-    other.id_ = kDefaultPool;
-  }
-  return *this;
-}
-
-void PrivatePool::Reset() {
-  if (allocator_ == nullptr) return;
-  CachingAllocator* allocator = allocator_;
-  allocator_ = nullptr;
-  allocator->DropPoolUser(id_);
-  id_ = kDefaultPool;
-}
-
-GraphPin::GraphPin(GraphPin&& other) noexcept : allocator_(other.allocator_), pool_(other.pool_) {
-  other.allocator_ = nullptr;
-}
-
-GraphPin& GraphPin::operator=(GraphPin&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    allocator_ = other.allocator_;
-    pool_ = other.pool_;
-    other.allocator_ = nullptr;
-  }
-  return *this;
-}
-
-void GraphPin::Reset() {
-  if (allocator_ == nullptr) return;
-  CachingAllocator* allocator = allocator_;
-  allocator_ = nullptr;
-  allocator->DropPin(pool_);
-}
-
-// ---- Registry. ----
-
-absl::StatusOr<PrivatePool> CachingAllocator::CreatePool(PoolOptions options,
-                                                         std::shared_ptr<SegmentSource> segment_source) {
-  MutexLock lock(&device_mu_);
-  const PoolId id = next_pool_id_++;
+PoolId PoolRegistry::Create(PoolOptions options, std::shared_ptr<SegmentSource> segment_source) {
+  const PoolId id = next_id_++;
   auto state = std::make_unique<PoolState>(id, options, std::move(segment_source));
   state->users.store(1, std::memory_order_relaxed);
   pools_.emplace(id, std::move(state));
-  return PrivatePool(this, id);
+  return id;
 }
 
-absl::StatusOr<PrivatePool> CachingAllocator::AcquirePool(PoolId id) {
-  if (absl::Status s = AddPoolUser(id); !s.ok()) return s;
-  return PrivatePool(this, id);
-}
-
-absl::Status CachingAllocator::AddPoolUser(PoolId id) {
-  MutexLock lock(&device_mu_);
+PoolState* PoolRegistry::Find(PoolId id) const {
   auto it = pools_.find(id);
-  if (it == pools_.end() || it->second->orphaned.load(std::memory_order_relaxed)) {
+  return it == pools_.end() ? nullptr : it->second.get();
+}
+
+absl::Status PoolRegistry::AddUser(PoolId id) {
+  PoolState* pool = Find(id);
+  if (pool == nullptr || pool->orphaned.load(std::memory_order_relaxed)) {
     // PyTorch asserts here ("use_count > 0") when a pool id outlives its last user; we say what happened.
     return absl::NotFoundError(absl::StrFormat(
         "private pool %d does not exist (any more): every user and graph of it was dropped; create a new "
         "pool",
         id));
   }
-  it->second->users.fetch_add(1, std::memory_order_relaxed);
+  pool->users.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
-void CachingAllocator::DropPoolUser(PoolId id) {
-  bool last = false;
-  {
-    MutexLock lock(&device_mu_);
-    auto it = pools_.find(id);
-    if (it == pools_.end()) return;
-    PoolState& pool = *it->second;
-    last = pool.users.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
-           pool.pins.load(std::memory_order_acquire) == 0;
-    if (last) pool.orphaned.store(true, std::memory_order_release);
-  }
-  // Nobody is left to hear about a failure here: the pool's memory stays cached and EmptyCache retries.
-  if (last) (void)MaybeReleasePool(id);
+absl::Status PoolRegistry::AddPin(PoolId id) {
+  PoolState* pool = Find(id);
+  if (pool == nullptr) return absl::NotFoundError(absl::StrFormat("private pool %d is gone", id));
+  pool->pins.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
-absl::StatusOr<GraphPin> CachingAllocator::PinForGraph(const PrivatePool& pool) {
-  if (pool.allocator() != this) {
-    return absl::InvalidArgumentError("PinForGraph: the pool belongs to another allocator (or is empty)");
-  }
-  MutexLock lock(&device_mu_);
-  auto it = pools_.find(pool.id());
-  if (it == pools_.end()) return absl::NotFoundError(absl::StrFormat("private pool %d is gone", pool.id()));
-  it->second->pins.fetch_add(1, std::memory_order_relaxed);
-  return GraphPin(this, pool.id());
+bool PoolRegistry::DropUser(PoolId id) {
+  PoolState* pool = Find(id);
+  if (pool == nullptr) return false;
+  const bool last = pool->users.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+                    pool->pins.load(std::memory_order_acquire) == 0;
+  if (last) pool->orphaned.store(true, std::memory_order_release);
+  return last;
 }
 
-void CachingAllocator::DropPin(PoolId id) {
-  bool last = false;
-  {
-    MutexLock lock(&device_mu_);
-    auto it = pools_.find(id);
-    if (it == pools_.end()) return;
-    PoolState& pool = *it->second;
-    last = pool.pins.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
-           pool.users.load(std::memory_order_acquire) == 0;
-    if (last) pool.orphaned.store(true, std::memory_order_release);
-  }
-  if (last) (void)MaybeReleasePool(id);
+bool PoolRegistry::DropPin(PoolId id) {
+  PoolState* pool = Find(id);
+  if (pool == nullptr) return false;
+  const bool last = pool->pins.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+                    pool->users.load(std::memory_order_acquire) == 0;
+  if (last) pool->orphaned.store(true, std::memory_order_release);
+  return last;
 }
 
-bool CachingAllocator::Releasable(const StreamShard* shard, PoolId scope) const {
-  const PoolState* pool = shard->pool;
+absl::Status PoolRegistry::SetUseOnOom(PoolId id, bool use_on_oom) {
+  PoolState* pool = Find(id);
+  if (pool == nullptr) return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", id));
+  pool->use_on_oom.store(use_on_oom, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+std::vector<PoolId> PoolRegistry::UseOnOomPools() const {
+  std::vector<PoolId> out;
+  for (const auto& [id, pool] : pools_) {
+    if (pool->use_on_oom.load(std::memory_order_relaxed) && !pool->orphaned.load(std::memory_order_relaxed)) {
+      out.push_back(id);
+    }
+  }
+  return out;
+}
+
+std::vector<PoolId> PoolRegistry::Orphans() const {
+  std::vector<PoolId> out;
+  for (const auto& [id, pool] : pools_) {
+    if (pool->orphaned.load(std::memory_order_acquire)) out.push_back(id);
+  }
+  return out;
+}
+
+bool PoolRegistry::Releasable(const PoolState* pool, PoolId scope) {
   if (scope != kDefaultPool) {
     return pool != nullptr && pool->id == scope && pool->pins.load(std::memory_order_acquire) == 0;
   }
   return pool == nullptr || (pool->users.load(std::memory_order_acquire) == 0 &&
                              pool->pins.load(std::memory_order_acquire) == 0);
-}
-
-absl::StatusOr<PoolStats> CachingAllocator::GetPoolStats(PoolId id) const {
-  MutexLock lock(&device_mu_);
-  auto it = pools_.find(id);
-  if (it == pools_.end()) return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", id));
-  const PoolState& pool = *it->second;
-  PoolStats stats;
-  stats.reserved_bytes = static_cast<std::size_t>(pool.reserved_bytes);
-  stats.peak_reserved_bytes = static_cast<std::size_t>(pool.peak_reserved_bytes);
-  stats.allocated_bytes = static_cast<std::size_t>(pool.allocated_bytes.load(std::memory_order_relaxed));
-  stats.peak_allocated_bytes =
-      static_cast<std::size_t>(pool.peak_allocated_bytes.load(std::memory_order_relaxed));
-  stats.live_blocks = static_cast<std::size_t>(pool.live_blocks.load(std::memory_order_relaxed));
-  stats.use_count = pool.users.load(std::memory_order_relaxed);
-  stats.graph_pins = pool.pins.load(std::memory_order_relaxed);
-  for (const auto& [base, segment] : segments_) {
-    if (segment->shard->pool == &pool) ++stats.segments;
-  }
-  return stats;
-}
-
-absl::Status CachingAllocator::SetPoolUseOnOom(PoolId id, bool use_on_oom) {
-  MutexLock lock(&device_mu_);
-  auto it = pools_.find(id);
-  if (it == pools_.end()) return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", id));
-  it->second->use_on_oom.store(use_on_oom, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-absl::Status CachingAllocator::EmptyPoolCache(PoolId id) {
-  {
-    MutexLock lock(&device_mu_);
-    if (!pools_.contains(id))
-      return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", id));
-  }
-  if (captures_underway_.load(std::memory_order_acquire) > 0) {
-    return absl::FailedPreconditionError(
-        "EmptyPoolCache during a CUDA graph capture: freeing device memory is illegal while capturing; call "
-        "it "
-        "after the capture ends");
-  }
-  if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
-  return ReleaseCachedSegments(/*only_oversize=*/false, 0, id).status();
-}
-
-absl::Status CachingAllocator::MaybeReleasePool(PoolId id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  {
-    MutexLock lock(&device_mu_);
-    auto it = pools_.find(id);
-    if (it == pools_.end() || !it->second->orphaned.load(std::memory_order_acquire)) return absl::OkStatus();
-    if (it->second->live_blocks.load(std::memory_order_acquire) != 0) return absl::OkStatus();
-  }
-  // A replay of a graph that used the pool may still run on some stream even though its handles are gone,
-  // and freed blocks may still wait on events: the device finishes first, as PyTorch does before it frees
-  // a graph pool. (Not while capturing: the memory then stays until EmptyCache.)
-  {
-    MutexLock gate(&unmap_gate_);  // no capture begins while the device synchronizes
-    if (absl::Status s = WaitForWorkBeforeUnmap(std::nullopt); !s.ok()) {
-      return absl::IsAborted(s) ? absl::OkStatus() : s;
-    }
-  }
-  if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
-  absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0, id);
-  if (!freed.ok()) return freed.status();
-  // Forget the pool if nothing of it is left (else a later EmptyCache finishes the job).
-  shard_set_mu_.Lock();  // no shard is created until the matching unlock
-  ForEachShard([](StreamShard* s) { s->mu.Lock(); });
-  device_mu_.Lock();
-  auto it = pools_.find(id);
-  bool empty = it != pools_.end() && it->second->orphaned.load(std::memory_order_acquire) &&
-               it->second->live_blocks.load(std::memory_order_acquire) == 0;
-  if (empty) {
-    for (const auto& [base, segment] : segments_) {
-      if (segment->shard->pool == it->second.get()) empty = false;
-    }
-  }
-  if (empty) {
-    ForEachShard([&](StreamShard* shard) {
-      if (shard->pool != it->second.get()) return;
-      if (shard->arena.live() != 0 || shard->pending_event_count.load(std::memory_order_relaxed) != 0 ||
-          shard->blocks_in_release != 0) {
-        empty = false;
-      }
-    });
-  }
-  if (empty) {
-    ForEachShard([&](StreamShard* shard) {
-      if (shard->pool != it->second.get()) return;
-      shard->key_pool.store(kRetiredPool, std::memory_order_release);
-      shard->generation.fetch_add(1, std::memory_order_acq_rel);
-      shard->pool = nullptr;
-      retired_shards_.push_back(shard);
-    });
-    pools_.erase(it);
-  }
-  device_mu_.Unlock();
-  ForEachShard([](StreamShard* s) { s->mu.Unlock(); });
-  shard_set_mu_.Unlock();
-  return absl::OkStatus();
-}
-
-std::vector<StreamShard*> CachingAllocator::LockPoolShards(PoolId pool) const {
-  std::vector<StreamShard*> shards;
-  ForEachShard([&](StreamShard* s) {
-    if (s->key_pool.load(std::memory_order_acquire) != pool) return;
-    s->mu.Lock();
-    // Re-keyed between the check and the lock: not ours after all.
-    if (s->pool == nullptr || s->pool->id != pool) {
-      s->mu.Unlock();
-      return;
-    }
-    shards.push_back(s);
-  });
-  return shards;
-}
-
-absl::Status CachingAllocator::CheckPoolInvariants() const {
-  for (const auto& [id, pool] : pools_) {
-    std::int64_t reserved = 0;
-    for (const auto& [base, segment] : segments_) {
-      if (segment->shard->pool != pool.get()) continue;
-      reserved +=
-          static_cast<std::int64_t>(segment->vmm != nullptr ? segment->vmm->mapped_bytes() : segment->size);
-    }
-    if (reserved != pool->reserved_bytes) {
-      return absl::InternalError(absl::StrFormat(
-          "allocator invariant violated: pool %d reserved_bytes is %d but its segments hold %d", id,
-          pool->reserved_bytes, reserved));
-    }
-    if (pool->peak_reserved_bytes < pool->reserved_bytes) {
-      return absl::InternalError(
-          absl::StrFormat("allocator invariant violated: pool %d peak below current", id));
-    }
-    std::int64_t allocated = 0;
-    std::int64_t live = 0;
-    const auto* this_pool = pool.get();  // clang 14 cannot capture structured bindings
-    ForEachShard([&](StreamShard* shard) {
-      if (shard->pool != this_pool) return;
-      for (const auto& [base, segment] : segments_) {
-        if (segment->shard != shard) continue;
-        for (const Block* b = segment->head; b != nullptr; b = b->next) {
-          if (!b->allocated) continue;
-          allocated += static_cast<std::int64_t>(b->size);
-          ++live;
-        }
-      }
-    });
-    if (allocated != pool->allocated_bytes.load() || live != pool->live_blocks.load()) {
-      return absl::InternalError(absl::StrFormat(
-          "allocator invariant violated: pool %d counts %d bytes in %d live blocks, its blocks say %d in %d",
-          id, pool->allocated_bytes.load(), pool->live_blocks.load(), allocated, live));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace graphalloc

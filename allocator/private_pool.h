@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "graphalloc/allocator/device/driver.h"
+#include "graphalloc/allocator/pool_handle.h"
 
 namespace graphalloc {
 
@@ -86,20 +87,20 @@ class PrivatePool {
   PrivatePool() = default;
   PrivatePool(const PrivatePool& other);
   PrivatePool& operator=(const PrivatePool& other);
-  PrivatePool(PrivatePool&& other) noexcept;
-  PrivatePool& operator=(PrivatePool&& other) noexcept;
-  ~PrivatePool() { Reset(); }
+  PrivatePool(PrivatePool&& other) noexcept = default;
+  PrivatePool& operator=(PrivatePool&& other) noexcept = default;
 
-  PoolId id() const { return id_; }
-  explicit operator bool() const { return allocator_ != nullptr; }
-  CachingAllocator* allocator() const { return allocator_; }
-  void Reset();
+  // kDefaultPool when empty.
+  PoolId id() const { return use_.allocator() != nullptr ? use_.target() : kDefaultPool; }
+  explicit operator bool() const { return use_.allocator() != nullptr; }
+  CachingAllocator* allocator() const { return use_.allocator(); }
+  void Reset() { use_.Reset(); }
 
  private:
   friend class CachingAllocator;
-  PrivatePool(CachingAllocator* allocator, PoolId id) : allocator_(allocator), id_(id) {}
-  CachingAllocator* allocator_ = nullptr;
-  PoolId id_ = kDefaultPool;
+  static void DropUser(CachingAllocator& allocator, const PoolId& id);
+  PrivatePool(CachingAllocator* allocator, PoolId id) : use_(allocator, id) {}
+  PoolHandle<PoolId, &PrivatePool::DropUser> use_;
 };
 
 // An open route (see CachingAllocator::BeginAllocateToPool). Ends when destroyed or End() is called; the
@@ -107,45 +108,43 @@ class PrivatePool {
 class PoolRoute {
  public:
   PoolRoute() = default;
-  PoolRoute(const PoolRoute&) = delete;
-  PoolRoute& operator=(const PoolRoute&) = delete;
-  PoolRoute(PoolRoute&& other) noexcept;
-  PoolRoute& operator=(PoolRoute&& other) noexcept;
-  ~PoolRoute() { (void)End(); }
+  PoolRoute(PoolRoute&& other) noexcept = default;
+  PoolRoute& operator=(PoolRoute&& other) noexcept = default;  // ends the route it had (errors ignored)
 
-  bool active() const { return allocator_ != nullptr; }
-  PoolId pool() const { return pool_; }
+  bool active() const { return route_.allocator() != nullptr; }
+  PoolId pool() const { return route_.target().pool; }
   // Stops routing. When it was the last capture route, frees deferred during captures record their events
   // now (on streams no longer capturing). Errors of those event records are returned; the route ends anyway.
+  // Destroying an open route ends it, ignoring those errors.
   absl::Status End();
 
  private:
   friend class CachingAllocator;
+  struct Target {
+    std::uint64_t route_id = 0;
+    PoolId pool = kDefaultPool;
+  };
+  static void EndIgnoringErrors(CachingAllocator& allocator, const Target& route);
   PoolRoute(CachingAllocator* allocator, std::uint64_t route_id, PoolId pool)
-      : allocator_(allocator), route_id_(route_id), pool_(pool) {}
-  CachingAllocator* allocator_ = nullptr;
-  std::uint64_t route_id_ = 0;
-  PoolId pool_ = kDefaultPool;
+      : route_(allocator, Target{route_id, pool}) {}
+  PoolHandle<Target, &PoolRoute::EndIgnoringErrors> route_;
 };
 
 // Keeps every byte of a pool reserved while a graph that replays into it lives (see the file comment).
 class GraphPin {
  public:
   GraphPin() = default;
-  GraphPin(const GraphPin&) = delete;
-  GraphPin& operator=(const GraphPin&) = delete;
-  GraphPin(GraphPin&& other) noexcept;
-  GraphPin& operator=(GraphPin&& other) noexcept;
-  ~GraphPin() { Reset(); }
+  GraphPin(GraphPin&& other) noexcept = default;
+  GraphPin& operator=(GraphPin&& other) noexcept = default;
 
-  bool active() const { return allocator_ != nullptr; }
-  void Reset();
+  bool active() const { return pin_.allocator() != nullptr; }
+  void Reset() { pin_.Reset(); }
 
  private:
   friend class CachingAllocator;
-  GraphPin(CachingAllocator* allocator, PoolId pool) : allocator_(allocator), pool_(pool) {}
-  CachingAllocator* allocator_ = nullptr;
-  PoolId pool_ = kDefaultPool;
+  static void Unpin(CachingAllocator& allocator, const PoolId& pool);
+  GraphPin(CachingAllocator* allocator, PoolId pool) : pin_(allocator, pool) {}
+  PoolHandle<PoolId, &GraphPin::Unpin> pin_;
 };
 
 }  // namespace graphalloc

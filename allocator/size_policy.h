@@ -1,5 +1,9 @@
-// Size classes: how a request is rounded, which pool it uses and how big a new segment for it is.
-// PyTorch's rules (reference/pytorch_caching_allocator.md section 2.3 and 2.4), as pure functions.
+// Size classes: how a request is rounded, which pool it uses and how big a new segment for it is, as pure
+// functions. These are PyTorch's CUDA caching allocator's rules, so that the same program gets the same
+// block sizes and segments under graphalloc: a request rounds up to a multiple of 512 bytes (or, with
+// roundup_power2_divisions, to the next of N equal steps between powers of two); up to 1 MiB it is served
+// from the small pool, whose segments are 2 MiB; a larger one below 10 MiB gets a segment of
+// large_segment_size (20 MiB), and from 10 MiB on a segment of its own size rounded up to 2 MiB.
 #ifndef GRAPHALLOC_ALLOCATOR_SIZE_POLICY_H_
 #define GRAPHALLOC_ALLOCATOR_SIZE_POLICY_H_
 

@@ -9,6 +9,26 @@
 
 namespace graphalloc {
 
+absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block) {
+  // Marked at once, so that a concurrent second Free of the same pointer is refused.
+  block->freeing = true;
+  // Recording events on streams that may be capturing would put them into the graph (and querying them
+  // later is illegal): the free waits until the last capture route ends (RunDeferredFrees).
+  if (captures_.underway() && routes_.DeferWhileCapturing(&shard, block, captures_)) {
+    shard.mu.Unlock();
+    return absl::OkStatus();
+  }
+  shard.mu.Unlock();
+  if (absl::Status s = FreeWithStreamUses(shard, ptr, block); !s.ok()) return s;
+  PoolId last_of_orphan = kDefaultPool;
+  {
+    SpinLockHolder lock(&shard.mu);
+    last_of_orphan = LastBlockOfOrphan(shard);
+  }
+  ReleaseOrphanAfterFree(last_of_orphan);
+  return absl::OkStatus();
+}
+
 absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block) {
   absl::InlinedVector<Stream, 2> streams;
   absl::InlinedVector<Event, 2> events;
@@ -55,10 +75,10 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->requested_size,
                   static_cast<std::uint64_t>(block->stream()), 0);
   block->allocated = false;
-  UpdateAllocationStats(shard, block, block->segment->pool->is_small, -1);
+  blocks_.CountFreed(shard, block);
   block->stream_uses.clear();
   if (live == 0) {  // every recorded stream was gone, and the device is synchronized: free now
-    ReleaseBlock(shard, block);
+    blocks_.Release(shard, block);
     return absl::OkStatus();
   }
   block->event_count = static_cast<int>(live);
@@ -72,7 +92,7 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
 void CachingAllocator::CompleteEvent(StreamShard& shard, const PendingEvent& pending) {
   shard.idle_events.push_back(pending.event);
   shard.pending_event_count.fetch_sub(1, std::memory_order_relaxed);
-  if (--pending.block->event_count == 0) ReleaseBlock(shard, pending.block);
+  if (--pending.block->event_count == 0) blocks_.Release(shard, pending.block);
 }
 
 void CachingAllocator::ProcessEvents(StreamShard& shard) {
@@ -113,7 +133,7 @@ absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
     PendingEvent pending;
   };
   std::vector<Waiting> all;
-  ForEachShard([&](StreamShard* shard) {
+  shards_.ForEach([&](StreamShard* shard) {
     SpinLockHolder lock(&shard->mu);
     for (auto& [stream, queue] : shard->pending_events) {
       for (const PendingEvent& p : queue) all.push_back({shard, stream, p});
@@ -137,7 +157,7 @@ absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
     queue.erase(it);
   }
   MutexLock lock(&device_mu_);
-  ++device_stats_.num_sync_all_streams;
+  ++segments_.stats().num_sync_all_streams;
   return status;
 }
 
