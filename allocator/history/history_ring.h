@@ -61,6 +61,12 @@ extern constinit thread_local std::uint32_t current_annotation;
 // The annotation id the calling thread's events are recorded with (0: none).
 inline std::uint32_t CurrentAnnotation() { return history_internal::current_annotation; }
 
+// Sets the calling thread's annotation until it is set again ("" for none): PyTorch's
+// _set_memory_metadata, which stays until the thread changes it, rather than a scope's.
+inline void SetThreadAnnotation(absl::string_view text) {
+  history_internal::current_annotation = InternAnnotation(text);
+}
+
 // Sets the calling thread's annotation for its lifetime, restoring the previous one after.
 class ScopedHistoryAnnotation {
  public:

@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -206,15 +208,21 @@ void TorchBackend::init(int device_count) {
 
 void TorchBackend::emptyCache(c10::MempoolId_t mempool_id) {
   const bool whole_device = mempool_id.first == 0 && mempool_id.second == 0;
+  // The segment_free entries of this call carry its context, as in PyTorch (history at "all" only).
+  const std::shared_ptr<c10::GatheredContext> context =
+      history_.active() ? history_.GatherCacheReleaseContext() : nullptr;
   for (int device = 0; device < graphalloc::kMaxDevices; ++device) {
-    graphalloc::CachingAllocator* allocator = Existing(static_cast<c10::DeviceIndex>(device));
+    const auto index = static_cast<c10::DeviceIndex>(device);
+    graphalloc::CachingAllocator* allocator = Existing(index);
     if (allocator == nullptr) continue;
+    const c10::approx_time_t begin = c10::getApproximateTime();
     if (!whole_device) {
-      pools_.EmptyCache(TorchPoolKey{static_cast<c10::DeviceIndex>(device), mempool_id});
-      continue;
+      pools_.EmptyCache(TorchPoolKey{index, mempool_id});
+    } else {
+      absl::Status s = allocator->EmptyCache();
+      TORCH_CHECK(s.ok(), "graphalloc: emptyCache of CUDA device ", device, ": ", s.ToString());
     }
-    absl::Status s = allocator->EmptyCache();
-    TORCH_CHECK(s.ok(), "graphalloc: emptyCache of CUDA device ", device, ": ", s.ToString());
+    if (context != nullptr) history_.OnCacheReleased(index, begin, context);
   }
 }
 

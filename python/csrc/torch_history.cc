@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "graphalloc/allocator/history/history_ring.h"
+
 namespace graphalloc_torch {
 namespace {
 
@@ -122,6 +124,13 @@ struct TorchHistory::State {
   c10::approx_time_t since = 0;          // the last enable or clear
   std::vector<Ring<TraceEntry>> traces;  // by device
   Ring<AnnotationEntry> annotations;
+  struct Release {
+    c10::DeviceIndex device = 0;
+    c10::approx_time_t begin = 0;
+    c10::approx_time_t end = 0;
+    std::shared_ptr<c10::GatheredContext> context;
+  };
+  Ring<Release> releases;  // capacity kCacheReleasesKept, set by the constructor
   std::unordered_map<void*, LiveBlock> live;
   // Replaced, never changed in place, so that a copy of the pointer can be called with `mu` released.
   std::shared_ptr<const Trackers> trackers = std::make_shared<const Trackers>();
@@ -133,7 +142,9 @@ bool TorchHistory::Window::Skips(cca::TraceEntry::Action action) const {
   return std::find(skipped.begin(), skipped.end(), action) != skipped.end();
 }
 
-TorchHistory::TorchHistory() : state_(new State) {}
+constexpr std::size_t kCacheReleasesKept = 64;
+
+TorchHistory::TorchHistory() : state_(new State) { state_->releases.SetCapacity(kCacheReleasesKept); }
 
 TorchHistory::~TorchHistory() = default;
 
@@ -160,6 +171,7 @@ void TorchHistory::Configure(bool enabled, cca::CreateContextFn recorder, size_t
   if (!enabled || clear) {
     for (Ring<TraceEntry>& ring : s.traces) ring.Clear();
     s.annotations.Clear();
+    s.releases.Clear();
     s.since = now;
   } else if (!was_enabled) {
     s.since = now;
@@ -339,6 +351,34 @@ void TorchHistory::OnOutOfMemory(c10::DeviceIndex device, size_t requested, cuda
   }
 }
 
+std::shared_ptr<c10::GatheredContext> TorchHistory::GatherCacheReleaseContext() const {
+  return Gather(cca::RecordContext::ALL);
+}
+
+void TorchHistory::OnCacheReleased(c10::DeviceIndex device, c10::approx_time_t begin,
+                                   std::shared_ptr<c10::GatheredContext> context) {
+  if (context == nullptr) return;
+  const c10::approx_time_t end = c10::getApproximateTime();
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.enabled.load(std::memory_order_relaxed)) return;
+  s.releases.Push(State::Release{device, begin, end, std::move(context)});
+}
+
+std::vector<TorchHistory::CacheRelease> TorchHistory::CacheReleases(c10::DeviceIndex device) const {
+  const State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<CacheRelease> out;
+  const std::vector<State::Release> releases = s.releases.Items();
+  if (releases.empty()) return out;
+  const auto to_ns = s.clock.makeConverter();
+  for (const State::Release& r : releases) {
+    if (r.device != device) continue;
+    out.push_back(CacheRelease{to_ns(r.begin) / 1000, to_ns(r.end) / 1000, r.context});
+  }
+  return out;
+}
+
 void TorchHistory::AttachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
@@ -375,7 +415,12 @@ void TorchHistory::PopCompileContext() {
   tls_compile_context.pop_back();
 }
 
-void TorchHistory::SetUserMetadata(const std::string& metadata) { tls_user_metadata = metadata; }
+void TorchHistory::SetUserMetadata(const std::string& metadata) {
+  tls_user_metadata = metadata;
+  // The events graphalloc records itself on this thread (segment events, free_completed) carry it too:
+  // PyTorch gives every trace entry the metadata of the thread that records it.
+  graphalloc::SetThreadAnnotation(metadata);
+}
 
 std::string TorchHistory::GetUserMetadata() { return tls_user_metadata; }
 

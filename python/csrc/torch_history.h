@@ -57,6 +57,21 @@ class TorchHistory {
   void OnOutOfMemory(c10::DeviceIndex device, size_t requested, cudaStream_t stream, size_t allocated,
                      size_t device_total, size_t device_free);
 
+  // The allocator's own segment events (segment_free and segment_unmap) have no TorchHistory entry to take
+  // a context from. PyTorch gives those of an empty_cache the context of that call (at ALL): the backend
+  // gathers it (null below ALL) before the allocator's EmptyCache and reports the call after it, from
+  // `begin` (taken before) to now; a snapshot gives the call's context to the device's segment events in
+  // that span (the newest 64 calls are kept).
+  std::shared_ptr<c10::GatheredContext> GatherCacheReleaseContext() const;
+  void OnCacheReleased(c10::DeviceIndex device, c10::approx_time_t begin,
+                       std::shared_ptr<c10::GatheredContext> context);
+  struct CacheRelease {
+    std::int64_t begin_us = 0;  // Unix microseconds, the TorchHistory's clock
+    std::int64_t end_us = 0;
+    std::shared_ptr<c10::GatheredContext> context;
+  };
+  std::vector<CacheRelease> CacheReleases(c10::DeviceIndex device) const;
+
   void AttachOutOfMemoryObserver(cca::OutOfMemoryObserver observer);
   // Called for every trace entry recorded here (alloc, free_requested, free_completed, oom), history on or
   // off.

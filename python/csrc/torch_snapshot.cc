@@ -239,6 +239,45 @@ TraceEntry FromGraphalloc(const HistoryEvent& e, const DeviceSnapshotInput& in) 
   return entry;
 }
 
+bool IsSegmentEvent(HistoryAction action) {
+  return action == HistoryAction::kSegmentAlloc || action == HistoryAction::kSegmentMap ||
+         action == HistoryAction::kSegmentFree || action == HistoryAction::kSegmentUnmap;
+}
+
+// The contexts PyTorch gives segment events, which only graphalloc records: a segment made (or mapped) for
+// an allocation takes the context of that allocation, the next one on its stream in graphalloc's order
+// (within a second: a later one is another request's); a segment released by an empty_cache takes the
+// context of that call. Null where neither applies.
+std::vector<std::shared_ptr<c10::GatheredContext>> SegmentContexts(
+    const std::vector<HistoryEvent>& events, std::size_t first, const std::vector<const TraceEntry*>& paired,
+    const std::vector<TorchHistory::CacheRelease>& releases, std::int64_t offset_us) {
+  constexpr std::int64_t kSameRequestUs = 1'000'000;
+  std::vector<std::shared_ptr<c10::GatheredContext>> out(events.size());
+  struct NextAlloc {
+    std::int64_t time_us;
+    std::shared_ptr<c10::GatheredContext> context;
+  };
+  std::unordered_map<std::uint64_t, NextAlloc> next_alloc;  // by stream, walking newest first
+  for (std::size_t i = events.size(); i-- > first;) {
+    const HistoryEvent& e = events[i];
+    if (e.action == HistoryAction::kAlloc) {
+      next_alloc[e.stream] = NextAlloc{e.time_us, paired[i] != nullptr ? paired[i]->context_ : nullptr};
+      continue;
+    }
+    if (!IsSegmentEvent(e.action)) continue;
+    const std::int64_t t = e.time_us + offset_us;
+    for (const TorchHistory::CacheRelease& r : releases) {
+      if (t >= r.begin_us - kPairToleranceUs && t <= r.end_us + kPairToleranceUs) out[i] = r.context;
+    }
+    const bool made = e.action == HistoryAction::kSegmentAlloc || e.action == HistoryAction::kSegmentMap;
+    if (out[i] != nullptr || !made) continue;
+    auto it = next_alloc.find(e.stream);
+    if (it != next_alloc.end() && it->second.time_us - e.time_us <= kSameRequestUs)
+      out[i] = it->second.context;
+  }
+  return out;
+}
+
 std::vector<TraceEntry> BuildTrace(const DeviceSnapshotInput& in, const TorchHistory& history,
                                    const TorchHistory::Window& window) {
   if (!window.recording) return {};  // PyTorch drops its trace when history is turned off
@@ -255,15 +294,23 @@ std::vector<TraceEntry> BuildTrace(const DeviceSnapshotInput& in, const TorchHis
     std::shared_ptr<c10::GatheredContext> context;
   };
   std::unordered_map<std::uint64_t, Held> held;
+  // Any suffix of graphalloc's order is consistent, so the cut may be approximate.
+  std::size_t first = 0;
+  while (first < events.size() && events[first].time_us + offset_us < window.since_us) ++first;
+  std::vector<const TraceEntry*> paired_with(events.size(), nullptr);
+  for (std::size_t i = first; i < events.size(); ++i) paired_with[i] = pairing.Pair(events[i]);
+  const std::vector<std::shared_ptr<c10::GatheredContext>> segment_contexts =
+      SegmentContexts(events, first, paired_with, history.CacheReleases(in.device), offset_us);
   std::vector<TraceEntry> out;
-  for (const HistoryEvent& e : events) {
-    // Any suffix of graphalloc's order is consistent, so the cut may be approximate.
-    if (e.time_us + offset_us < window.since_us) continue;
+  for (std::size_t i = first; i < events.size(); ++i) {
+    const HistoryEvent& e = events[i];
     TraceEntry entry = FromGraphalloc(e, in);
-    const TraceEntry* paired = pairing.Pair(e);
+    const TraceEntry* paired = paired_with[i];
     if (paired != nullptr) {
       entry = *paired;
       entry.time_.t_ = e.time_us;  // graphalloc's clock throughout, so that the times follow the order
+    } else if (segment_contexts[i] != nullptr) {
+      entry.context_ = segment_contexts[i];
     }
     switch (e.action) {
       case HistoryAction::kAlloc:

@@ -141,6 +141,27 @@ TEST(HistoryRingTest, AnnotationsAreInternedPerThread) {
   EXPECT_EQ(AnnotationText(0xFFFFFFF0u), "");
 }
 
+TEST(HistoryRingTest, ThreadAnnotationStaysUntilSetAgain) {
+  HistoryRing ring;
+  ASSERT_TRUE(ring.RecordHistory(On(8)).ok());
+  SetThreadAnnotation("metadata test");
+  ring.Record(HistoryAction::kSegmentAlloc, 1, 2, 0, 0);
+  {
+    ScopedHistoryAnnotation inner("inner");
+    ring.Record(HistoryAction::kAlloc, 1, 1, 0, 0);
+  }
+  ring.Record(HistoryAction::kSegmentFree, 1, 2, 0, 0);
+  SetThreadAnnotation("");
+  ring.Record(HistoryAction::kAlloc, 3, 1, 0, 0);
+  const HistoryContents c = ring.Read();
+  ASSERT_EQ(c.events.size(), 4u);
+  EXPECT_EQ(c.events[0].annotation, "metadata test");
+  EXPECT_EQ(c.events[1].annotation, "inner");
+  EXPECT_EQ(c.events[2].annotation, "metadata test");
+  EXPECT_EQ(c.events[3].annotation, "");
+  EXPECT_EQ(CurrentAnnotation(), 0u);
+}
+
 TEST(HistoryRingTest, DisableKeepsEventsAndReenableContinues) {
   HistoryRing ring;
   ASSERT_TRUE(ring.RecordHistory(On(8)).ok());

@@ -196,6 +196,49 @@ class BackendHistoryTest(unittest.TestCase):
         self.assertEqual(later[-1].get("user_metadata", ""), "")
         del y
 
+    def test_user_metadata_on_every_entry_segments_included(self):
+        # PyTorch's test_memory_plots_metadata: segment events and free_completed, which graphalloc records
+        # itself, carry the thread's metadata too.
+        torch = self.torch
+        setter = getattr(torch.cuda.memory, "_set_memory_metadata", None)
+        if setter is None:
+            self.skipTest("this PyTorch has no torch.cuda.memory._set_memory_metadata")
+        torch.cuda.memory.empty_cache()
+        setter("metadata test")
+        try:
+            self.record(context="alloc")
+            x = torch.empty(ODD, dtype=torch.uint8, device="cuda")
+            del x
+            torch.cuda.memory.empty_cache()
+        finally:
+            setter("")
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        actions = {e["action"] for e in trace}
+        self.assertTrue(actions & {"segment_alloc", "segment_map"}, actions)
+        self.assertTrue(actions & {"segment_free", "segment_unmap"}, actions)
+        self.assertEqual([e for e in trace if e.get("user_metadata") != "metadata test"], [])
+
+    def test_empty_cache_context_on_segment_free_at_all_only(self):
+        # PyTorch's test_memory_plots_free_segment_stack: the segments an empty_cache releases carry its
+        # context when history records contexts of frees ("all"), and no other level.
+        torch = self.torch
+        for context in ("alloc", "all", "state"):
+            torch.cuda.memory.empty_cache()
+            self.record(context=context)
+            x = torch.empty(ODD, dtype=torch.uint8, device="cuda")
+            del x
+            torch.cuda.memory.empty_cache()
+            trace = torch.cuda.memory._snapshot()["device_traces"][0]
+            released = [e for e in trace if e["action"] in ("segment_free", "segment_unmap")]
+            self.assertTrue(released, context)
+            with_caller = [e for e in released if "empty_cache" in frame_names(e)]
+            self.assertEqual(bool(with_caller), context == "all", (context, [frame_names(e) for e in released]))
+            made = [e for e in trace if e["action"] in ("segment_alloc", "segment_map")]
+            self.assertTrue(made, context)
+            # A segment made for an allocation has that allocation's context (alloc and all).
+            self.assertEqual(any("test_empty_cache_context_on_segment_free_at_all_only" in frame_names(e)
+                                 for e in made), context != "state", context)
+
     def test_history_off_records_nothing(self):
         torch = self.torch
         self.record()
