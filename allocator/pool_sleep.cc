@@ -138,6 +138,12 @@ absl::StatusOr<std::vector<PoolSleep::Target>> PoolSleep::Resolve(const SleepSco
     case SleepScope::Kind::kAll:
       all.push_back({kDefaultPool, "", SleepMode::kDiscard});
       pools_.ForEach([&](PoolId id, const PoolState& pool) { all.push_back({id, pool.options.tag, {}}); });
+      // A pool that went while asleep (it had no memory left to keep it) is woken with the rest: that
+      // drops its record and frees its backup.
+      for (const auto& [id, record] : records_) {
+        if (id != kDefaultPool && pools_.Find(id) == nullptr) all.push_back({id, record.tag, {}});
+      }
+      std::sort(all.begin(), all.end(), [](const Target& a, const Target& b) { return a.id < b.id; });
       break;
     case SleepScope::Kind::kPool:
       if (scope.pool == kDefaultPool) {

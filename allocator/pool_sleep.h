@@ -62,7 +62,7 @@ struct SleepScope {
   };
   Kind kind = Kind::kAll;
   PoolId pool = kDefaultPool;
-  std::string tag;
+  std::string tag{};
 
   static SleepScope All() { return {}; }
   static SleepScope Pool(PoolId id) { return {.kind = Kind::kPool, .pool = id, .tag = {}}; }
@@ -72,9 +72,9 @@ struct SleepScope {
 };
 
 struct SleepRequest {
-  SleepScope scope;
+  SleepScope scope{};
   SleepMode mode = SleepMode::kDiscard;  // for every pool of the scope not in `pool_modes`
-  std::map<PoolId, SleepMode> pool_modes;
+  std::map<PoolId, SleepMode> pool_modes{};
   // Regular segments cannot keep their addresses: with this set, those of the pools in scope are freed to
   // the device when every one of them is wholly free (else the sleep is refused, naming them).
   bool release_free_regular_segments = false;
@@ -83,17 +83,17 @@ struct SleepRequest {
 struct SleepResult {
   std::size_t bytes_released = 0;   // physical memory given back to the device
   std::size_t bytes_backed_up = 0;  // copied to pinned host memory
-  std::vector<PoolId> pools;        // the pools that fell asleep (those asleep already are not listed)
+  std::vector<PoolId> pools{};      // the pools that fell asleep (those asleep already are not listed)
 };
 
 struct WakeRequest {
-  SleepScope scope;
+  SleepScope scope{};
 };
 
 struct WakeResult {
   std::size_t bytes_mapped = 0;    // physical memory mapped again
   std::size_t bytes_restored = 0;  // copied back from pinned host memory
-  std::vector<PoolId> pools;       // the pools that woke
+  std::vector<PoolId> pools{};     // the pools that woke
 };
 
 // A pool's sleep, as statistics see it.

@@ -38,7 +38,7 @@ struct PoolOptions {
   bool no_split = false;
   // A name for sleeping and waking pools together (CachingAllocator::Sleep with SleepScope::Tag); several
   // pools may share one. Empty: no tag.
-  std::string tag;
+  std::string tag{};
 };
 
 struct PoolStats {
