@@ -1,5 +1,5 @@
 // What the C ABI's source files share: Status to graphalloc_status code, the calling thread's last message,
-// and the guard that keeps C++ exceptions from crossing into C.
+// the references held for C callers, and the guard that keeps C++ exceptions from crossing into C.
 #ifndef GRAPHALLOC_ALLOCATOR_C_API_C_API_INTERNAL_H_
 #define GRAPHALLOC_ALLOCATOR_C_API_C_API_INTERNAL_H_
 
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "graphalloc/allocator/private_pool.h"
 
 namespace graphalloc::c_api {
 
@@ -15,6 +16,9 @@ std::string& LastError();
 
 // Keeps the message of `status` as the thread's last error and returns its graphalloc_status code.
 int Report(const absl::Status& status);
+
+// Holds `handle` (one reference to its pool) for a C caller, until graphalloc_pool_release.
+void AddPoolReference(int device, PrivatePool handle);
 
 // Runs `body` (returning absl::Status) with exceptions turned into an internal error.
 template <typename F>

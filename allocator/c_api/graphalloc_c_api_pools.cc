@@ -99,6 +99,11 @@ int BeginRoute(const char* function, int device, std::uint64_t pool, PoolRouteFi
 }
 
 }  // namespace
+
+void AddPoolReference(int device, PrivatePool handle) {
+  TheRegistry().AddReference(device, std::move(handle));
+}
+
 }  // namespace graphalloc::c_api
 
 using graphalloc::c_api::Guarded;
