@@ -13,6 +13,8 @@
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/snapshot/memory_snapshot.h"
+#include "graphalloc/allocator/snapshot/snapshot_json.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_macros.h"
 
@@ -446,6 +448,40 @@ TEST_F(SleepWakeTest, WorkQueuedOnThePoolRunsBeforeTheSleepBacksUpAndUnmaps) {
   ExpectInvariants();
   ASSERT_OK(allocator_->Free(a));
   ASSERT_OK(sim_->StreamDestroy(s));
+}
+
+// A snapshot shows a sleeping pool's ranges as asleep, its blocks as they were, and stays valid (through
+// JSON too); the statistics and the snapshot agree on what is reserved.
+TEST_F(SleepWakeTest, ASnapshotShowsSleepingRangesWithTheirBlocksAndReadsBack) {
+  const PoolId pool = NewPool("weights");
+  RouteTo(pool);
+  const DevicePtr a = Alloc(2 * kMiB);
+  const DevicePtr b = Alloc(4 * kMiB);
+  route_ = PoolRoute();
+  ASSERT_OK(allocator_->Free(b));
+  ASSERT_OK(allocator_->Sleep(SleepPool(pool, SleepMode::kDiscard)).status());
+  const MemorySnapshot snapshot = allocator_->TakeSnapshot("asleep", /*record_event=*/false);
+  ASSERT_OK(ValidateSnapshot(snapshot));
+  ASSERT_EQ(snapshot.segments.size(), 1u);
+  const SegmentSnapshot& segment = snapshot.segments[0];
+  EXPECT_EQ(segment.pool_id, pool);
+  EXPECT_EQ(segment.address, a);
+  EXPECT_TRUE(segment.mapped.empty());
+  EXPECT_EQ(segment.asleep, (std::vector<MappedRange>{{0, 6 * kMiB, true}}));
+  EXPECT_EQ(segment.ReservedBytes(), 0u);
+  ASSERT_GE(segment.blocks.size(), 2u);
+  EXPECT_EQ(segment.blocks[0].address, a);
+  EXPECT_EQ(segment.blocks[0].state, BlockState::kAllocated);
+  EXPECT_EQ(segment.blocks[1].state, BlockState::kFree);
+  ASSERT_OK_AND_ASSIGN(const MemorySnapshot read, SnapshotFromJson(SnapshotToJson(snapshot)));
+  EXPECT_EQ(read.segments, snapshot.segments);
+  ASSERT_OK(allocator_->Wake(WakePool(pool)).status());
+  const MemorySnapshot awake = allocator_->TakeSnapshot("awake", /*record_event=*/false);
+  ASSERT_OK(ValidateSnapshot(awake));
+  EXPECT_TRUE(awake.segments[0].asleep.empty());
+  EXPECT_EQ(awake.segments[0].mapped, (std::vector<MappedRange>{{0, 6 * kMiB, true}}));
+  ASSERT_OK(allocator_->Free(a));
+  ExpectInvariants();
 }
 
 // Every call a sleep makes, failed in turn: the pool is asleep or awake, never half; its contents survive
