@@ -419,6 +419,7 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
       // Only blocks still allocated are restored: a block freed while asleep has nothing worth keeping.
       for (const BackupRange& r : record.ranges) {
         const Segment* segment = segments_.Containing(r.ptr);
+        if (segment == nullptr) continue;  // cannot happen: a sleeping segment keeps its reservation
         for (const Block* b = segment->head; b != nullptr; b = b->next) {
           if (b->ptr != r.ptr) continue;
           if (b->allocated && b->size == r.size) {
