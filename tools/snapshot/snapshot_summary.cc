@@ -114,8 +114,6 @@ std::string DescribeSnapshotConfig(const std::string& text) {
 
 }  // namespace
 
-std::string HexAddress(std::uint64_t address) { return absl::StrCat("0x", absl::Hex(address)); }
-
 std::string CallSite(const std::vector<Frame>& frames) {
   if (frames.empty()) return "(no stack)";
   const Frame* chosen = &frames.front();

@@ -14,9 +14,6 @@
 
 namespace graphalloc::tools {
 
-// An address as the views print it: "0x" and lowercase hex digits.
-std::string HexAddress(std::uint64_t address);
-
 // Where a block or event was allocated: the first frame outside graphalloc itself ("train_step
 // (model.cc:42)"), or "(no stack)".
 std::string CallSite(const std::vector<Frame>& frames);
