@@ -4,7 +4,9 @@
 #include "graphalloc/allocator/pool_restorer.h"
 
 namespace graphalloc {
-namespace {
+// Named rather than anonymous: PoolRestorer::Rebuild, a type with linkage, holds these (a unity build would
+// otherwise warn that its fields' types have internal linkage).
+namespace pool_rebuild {
 
 // One block of a new chain.
 struct Piece {
@@ -22,6 +24,13 @@ struct Live {
   Stream stream;
   std::size_t requested;  // what the history's events carry
 };
+
+}  // namespace pool_rebuild
+
+namespace {
+
+using pool_rebuild::Live;
+using pool_rebuild::Piece;
 
 // True when the segment's chain is exactly the checkpointed one: nothing to rebuild.
 bool ChainMatches(const Segment* segment, const CheckpointSegment& s) {
@@ -64,6 +73,8 @@ void AddFreePieces(const Segment* segment, DevicePtr begin, DevicePtr end, std::
 
 // What the rebuild of the pool's chains gathers as it goes.
 struct PoolRestorer::Rebuild {
+  using Live = pool_rebuild::Live;
+  using Piece = pool_rebuild::Piece;
   // Statistics of the blocks taken out of and put into one shard's pool kind, applied once: a 10,000-block
   // restore would otherwise spend much of its time on per-block counter updates.
   struct ShardDelta {

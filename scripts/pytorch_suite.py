@@ -7,6 +7,7 @@ whose outcome differs between the two (with the first lines of graphalloc's erro
     PYTHONPATH=python GRAPHALLOC_LIBRARY=/tmp/b/libgraphalloc.so \\
         python3 scripts/pytorch_suite.py --out OUT --budget-s 420 [--jobs 10] [--runs trees,cuda,cuda_expandable]
         [--select CudaGraphTreeTests --select 'TestMemPool.*' --exclude 'test_*large*'] [--limit-per-run 40]
+        [--resume PREVIOUS/pytorch_suite.json]   # only what that run had no time for, with either allocator
 
     python3 scripts/pytorch_suite.py --self-test      # no GPU, no PyTorch: the scheduler and writers on fakes
     python3 scripts/pytorch_suite.py --render OUT/pytorch_suite.json   # Markdown again from the JSON
@@ -736,7 +737,18 @@ def find_tests_dir(explicit: Optional[str]) -> Optional[Path]:
     return None
 
 
-def select_ids(ids: List[str], run_spec: dict, args) -> List[str]:
+def not_yet_compared(previous: dict, run: str) -> Optional[set]:
+    """The tests of `run` that some allocator did not run in a previous report (its pytorch_suite.json), or
+    None when that report has no such run (then every test is still to be compared)."""
+    per_allocator = previous.get("results", {}).get(run)
+    if not per_allocator:
+        return None
+    ran = [{t for t, r in tests.items() if r.get("outcome") != "not_run"} for tests in per_allocator.values()]
+    listed = set().union(*(tests.keys() for tests in per_allocator.values()))
+    return listed - set.intersection(*ran) if ran else listed
+
+
+def select_ids(ids: List[str], run_spec: dict, args, run: str = "") -> List[str]:
     def match(tid: str, pat: str) -> bool:
         cls = tid.split(".")[0]
         if pat == cls:
@@ -759,6 +771,10 @@ def select_ids(ids: List[str], run_spec: dict, args) -> List[str]:
             continue
         if args.exclude and any(match(tid, p) for p in args.exclude):
             continue
+        if args.resume_report is not None:
+            todo = not_yet_compared(args.resume_report, run)
+            if todo is not None and tid not in todo:
+                continue
         out.append(tid)
     if args.limit_per_run and len(out) > args.limit_per_run:
         step = len(out) / args.limit_per_run  # evenly spread, deterministic
@@ -890,7 +906,7 @@ def main_suite(args) -> int:
 
     listed = suite.list_ids(list(runs))
     t_list = time.time() - t0
-    selected = {r: select_ids(listed.get(str(spec["file"]), []), spec, args) for r, spec in runs.items()}
+    selected = {r: select_ids(listed.get(str(spec["file"]), []), spec, args, r) for r, spec in runs.items()}
     for r in runs:
         print(f"pytorch_suite: {r}: {len(listed.get(str(runs[r]['file']), []))} tests listed, "
               f"{len(selected[r])} selected", flush=True)
@@ -982,8 +998,8 @@ if os.environ.get("GRAPHALLOC_SUITE_FAKE_SLOW") == "1":
 
 
 def self_test() -> int:
-    """Scheduler, parser and writers on a fake test file: no GPU, no PyTorch. Two runs: one with time to spare
-    (reruns happen), one whose budget runs out (tests reported as not run)."""
+    """Scheduler, parser and writers on a fake test file: no GPU, no PyTorch. Three runs: one with time to spare
+    (reruns happen), one whose budget runs out (tests reported as not run), and one that resumes it."""
     ok = True
 
     def check(cond, what):
@@ -1035,6 +1051,15 @@ def self_test() -> int:
     check(all(sum(r[o] for o in OUTCOMES) == r["selected"] for r in rows.values()), "every test accounted for")
     print("self-test output (2) in", out, flush=True)
 
+    todo = {r: not_yet_compared(rep, r) for r in ("trees", "cuda")}
+    out3, rep3 = suite_run(["--runs", "trees,cuda", "--budget-s", "60", "--resume", str(out / "pytorch_suite.json")],
+                           slow=True)
+    rows3 = {(r["run"], r["allocator"]): r for r in rep3["summary"]}
+    check(all(rows3[(r, a)]["selected"] == len(todo[r]) for r in todo for a in ("native", "graphalloc")),
+          f"--resume selects only the tests not run with both allocators ({ {r: len(t) for r, t in todo.items()} })")
+    check(all(set(rep3["results"][r]["native"]) == todo[r] for r in todo), "--resume: the same tests")
+    print("self-test output (3) in", out3, flush=True)
+
     check(first_lines('Traceback (most recent call last):\n  File "x.py", line 3, in f\n    g()\n'
                       'RuntimeError: boom\nmore text\n') ==
           'RuntimeError: boom\nmore text\n(at File "x.py", line 3, in f)', "first_lines")
@@ -1066,6 +1091,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-default-filter", action="store_true",
                     help="ignore the runs' class lists and the TestCuda regex")
     ap.add_argument("--limit-per-run", type=int, default=0, help="at most N tests per run, evenly spread")
+    ap.add_argument("--resume", metavar="JSON",
+                    help="a previous run's pytorch_suite.json: run only the tests it did not run with every "
+                         "allocator (the rest of a file that did not fit one budget)")
     ap.add_argument("--cuda-testcuda-regex", default=DEFAULT_TESTCUDA_REGEX)
     ap.add_argument("--exclusive-regex", default=DEFAULT_EXCLUSIVE_REGEX, help="'' turns exclusive runs off")
     ap.add_argument("--trees-graphalloc-conf", default="", help="GRAPHALLOC_CONF for the trees run")
@@ -1082,7 +1110,9 @@ def parse_args(argv=None):
     ap.add_argument("--render", metavar="JSON", help="write the Markdown of a pytorch_suite.json to stdout")
     ap.add_argument("--self-test", action="store_true")
     ap.add_argument("--fake", action="store_true", help=argparse.SUPPRESS)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.resume_report = json.loads(Path(args.resume).read_text()) if args.resume else None
+    return args
 
 
 def main() -> int:

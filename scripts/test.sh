@@ -59,7 +59,11 @@ cpu_now() {
 normal_build=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
 # Sanitizer builds: -O1 with line tables only (enough for symbolized reports, and much faster to build on
 # CI's two cores), assertions on; no benchmarks, no CUDA kernels; the install test runs in the normal build.
-sanitizer_build=(-DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_ENABLE_CUDA=OFF -DGRAPHALLOC_BUILD_TORCH_SHIM=OFF
+# They are unity builds (each target's sources compiled a few at a time as one translation unit), which
+# cuts the ASan build's CPU time by about a third (1,025 CPU-seconds on 2026-11-27). The normal build is
+# not: it compiles every file on its own, so a missing #include, which a unity build hides, fails there.
+sanitizer_build=(-DCMAKE_UNITY_BUILD=ON
+                 -DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_ENABLE_CUDA=OFF -DGRAPHALLOC_BUILD_TORCH_SHIM=OFF
                  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1")
 sanitizer_scale=${GRAPHALLOC_SANITIZER_TEST_SCALE:-0.25}
 

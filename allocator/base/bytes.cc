@@ -1,5 +1,6 @@
 #include "graphalloc/allocator/base/bytes.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace graphalloc {
@@ -20,5 +21,7 @@ std::string FormatBytesExact(std::uint64_t bytes) {
   if (bytes <= 1024) return FormatBytes(bytes);
   return absl::StrFormat("%s (%d bytes)", FormatBytes(bytes), bytes);
 }
+
+std::string HexAddress(std::uint64_t address) { return absl::StrCat("0x", absl::Hex(address)); }
 
 }  // namespace graphalloc

@@ -1,4 +1,4 @@
-// Byte quantities: the binary units, rounding up to a multiple, and sizes as people read them.
+// Byte quantities: the binary units, rounding up to a multiple, and sizes and addresses as people read them.
 #ifndef GRAPHALLOC_ALLOCATOR_BASE_BYTES_H_
 #define GRAPHALLOC_ALLOCATOR_BASE_BYTES_H_
 
@@ -23,6 +23,9 @@ constexpr std::size_t RoundUp(std::size_t value, std::size_t multiple) {
 std::string FormatBytes(std::uint64_t bytes);
 // FormatBytes with the exact count beside a rounded figure: "2.00 MiB (2097152 bytes)", "512 bytes".
 std::string FormatBytesExact(std::uint64_t bytes);
+// An address (or stream handle) as messages, snapshots' validation errors and the CLI print it: "0x" and
+// lowercase hex digits, no padding ("0x7f3a00200000").
+std::string HexAddress(std::uint64_t address);
 
 }  // namespace graphalloc
 

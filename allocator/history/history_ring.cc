@@ -12,6 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "graphalloc/allocator/base/bytes.h"
 
 namespace graphalloc {
 namespace {
@@ -39,10 +40,10 @@ class Symbolizer {
         frame.function = (status == 0 && demangled != nullptr) ? demangled : info.dli_sname;
         std::free(demangled);
       } else if (info.dli_fbase != nullptr) {
-        frame.function = absl::StrCat("0x", absl::Hex(pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase)));
+        frame.function = HexAddress(pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase));
       }
     }
-    if (frame.function.empty()) frame.function = absl::StrCat("0x", absl::Hex(pc));
+    if (frame.function.empty()) frame.function = HexAddress(pc);
     return frame;
   }
 

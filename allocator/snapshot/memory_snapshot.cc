@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graphalloc/allocator/base/bytes.h"
 #include "graphalloc/allocator/snapshot/snapshot_internal.h"
 
 namespace graphalloc {
@@ -25,8 +26,6 @@ std::optional<Enum> ParseName(const std::array<absl::string_view, N>& names, abs
   }
   return std::nullopt;
 }
-
-std::string Hex(std::uint64_t value) { return absl::StrCat("0x", absl::Hex(value)); }
 
 // Bytes of [begin, end) (segment-relative) inside accessible mapped ranges.
 std::uint64_t MappedOverlap(const std::vector<MappedRange>& mapped, std::uint64_t begin, std::uint64_t end) {
@@ -94,10 +93,11 @@ absl::Status ValidateSnapshot(const MemorySnapshot& snapshot) {
     if (s > 0) {
       const SegmentSnapshot& prev = snapshot.segments[s - 1];
       if (seg.address < prev.address + prev.total_size) {
-        return error(path + ".address",
-                     absl::StrCat("segment at ", Hex(seg.address), " is not after segments[", s - 1, "] [",
-                                  Hex(prev.address), ", ", Hex(prev.address + prev.total_size),
-                                  "): segments must be sorted by address and disjoint"));
+        return error(
+            path + ".address",
+            absl::StrCat("segment at ", HexAddress(seg.address), " is not after segments[", s - 1, "] [",
+                         HexAddress(prev.address), ", ", HexAddress(prev.address + prev.total_size),
+                         "): segments must be sorted by address and disjoint"));
       }
     }
     if (!seg.expandable && !seg.mapped.empty()) {
@@ -140,14 +140,14 @@ absl::Status ValidateSnapshot(const MemorySnapshot& snapshot) {
       const std::string bpath = absl::StrCat(path, ".blocks[", b, "]");
       if (block.address != expected) {
         return error(bpath + ".address",
-                     absl::StrCat("block at ", Hex(block.address), " where ", Hex(expected),
+                     absl::StrCat("block at ", HexAddress(block.address), " where ", HexAddress(expected),
                                   " was expected: blocks must be contiguous from the segment's address"));
       }
       if (block.size == 0) return error(bpath + ".size", "a block cannot be empty");
       if (block.size > seg.address + seg.total_size - block.address) {
         return error(bpath + ".size",
-                     absl::StrCat("block of ", block.size, " bytes at ", Hex(block.address),
-                                  " runs past the segment's end ", Hex(seg.address + seg.total_size)));
+                     absl::StrCat("block of ", block.size, " bytes at ", HexAddress(block.address),
+                                  " runs past the segment's end ", HexAddress(seg.address + seg.total_size)));
       }
       if (block.requested_size > block.size) {
         return error(bpath + ".requested_size", absl::StrCat("requested ", block.requested_size,

@@ -11,13 +11,16 @@
 #          folder inside the checkout: .pytorch-tests/ or shared/pytorch-tests/, or PYTORCH_TESTS_DIR)
 #   bench  bench/torch/compare_allocators.py (micro rows backend / pluggable / native, eager and
 #          reduce-overhead training rows)
+#   ab     bench/run_before_after.sh BEFORE_BUILD BUILD_DIR (3 rounds; BEFORE_BUILD: another build's
+#          directory with bench/allocator_bench, e.g. of the commit before a change); its JSON as ab.tgz
 # Environment: STAGES="ctest torch suite bench" (any subset, in any order: they run in the order above),
 # BATCH_BUDGET_S, SUITE_ARGS / BENCH_ARGS (extra arguments), SUITE_JOBS (10).
-# Stage shares of the budget (of the stages selected): ctest 75, torch 165, suite 180, bench 150.
+# Stage shares of the budget (of the stages selected): ctest 75, torch 165, suite 180, bench 150, ab 90.
 # Two calls give each stage more room: STAGES="ctest torch suite" then STAGES=bench (each call 540 s).
 #
 # Files in OUT_DIR (8 at most): batch_summary.md, ctest.log, pytorch_suite.{json,md}, pytorch_suite_logs.txt,
-# results.{md,json}, batch.log (everything the stages printed, the comparison's stderr included).
+# results.{md,json}, batch.log (everything the stages printed, the comparison's stderr included); with ab,
+# ab.tgz and ab_summary.md instead of pytorch_suite_logs.txt's place in the count (run ab with few others).
 set -uo pipefail
 B=${1:?usage: gpu_batch.sh BUILD_DIR OUT_DIR}
 OUT=${2:?usage: gpu_batch.sh BUILD_DIR OUT_DIR}
@@ -34,7 +37,7 @@ SUMMARY=$OUT/batch_summary.md
 : > "$LOG"
 : > "$OUT/ctest.log"
 
-declare -A WEIGHT=([ctest]=75 [torch]=165 [suite]=180 [bench]=150)
+declare -A WEIGHT=([ctest]=75 [torch]=165 [suite]=180 [bench]=150 [ab]=90)
 total_w=0
 for s in $STAGES; do total_w=$(( total_w + ${WEIGHT[$s]:-0} )); done
 (( total_w > 0 )) || { echo "STAGES=$STAGES names no stage"; exit 2; }
@@ -170,6 +173,21 @@ if has bench; then
       --churn-ops 5000 --steps 5 --warmup 2 ${BENCH_ARGS:-} >> "$LOG" 2>&1
   say "compare_allocators rc=$?"
   [[ -f $OUT/results.md ]] && { echo "## compare_allocators"; echo; grep '^|' "$OUT/results.md"; echo; } >> "$SUMMARY"
+fi
+
+if has ab; then
+  b=$(stage_budget ab)
+  if [[ -z ${BEFORE_BUILD:-} || ! -x ${BEFORE_BUILD}/bench/allocator_bench ]]; then
+    say "ab: BEFORE_BUILD (a build with bench/allocator_bench) not set or not built; skipped"
+  else
+    say "bench/run_before_after.sh (budget ${b} s)"
+    timeout -k 10 "$b" bash bench/run_before_after.sh "$BEFORE_BUILD" "$B" "$OUT/ab" 3 >> "$LOG" 2>&1
+    say "before/after rc=$?"
+    # A round cut by the budget leaves a partial JSON: the table skips it and says so.
+    python3 bench/before_after_table.py "$OUT/ab" --json "$OUT/ab/before_after.json" > "$OUT/ab_summary.md" 2>> "$LOG"
+    { echo "## before / after"; echo; cat "$OUT/ab_summary.md"; echo; } >> "$SUMMARY"
+    (cd "$OUT" && tar czf ab.tgz ab && rm -rf ab)
+  fi
 fi
 
 say "done in $(( $(date +%s) - T0 )) s"

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,8 +72,38 @@ Action TorchAction(HistoryAction action) {
 
 // One PyTorch segment: [begin, end) of `seg` (the whole segment, or one contiguous mapped run of an
 // expandable one), with the blocks clipped to it so that they tile it exactly, as memory_viz requires.
+// The requested size PyTorch shows on a free block: its Block object keeps that of the last allocation whose
+// free merged into it. graphalloc forgets requested sizes on free, so while history is recorded the newest
+// freed allocation inside the block stands in (the same one but for splits since); 0 without history.
+class FreedRequests {
+ public:
+  FreedRequests(const TorchHistory& history, c10::DeviceIndex device) {
+    if (!history.IsEnabled() || device < 0) return;
+    std::uint64_t order = 0;
+    for (const TraceEntry& e : history.Trace(device)) {
+      if (e.action_ == TraceEntry::FREE_COMPLETED) newest_[e.addr_] = Freed{++order, e.size_};
+    }
+  }
+
+  std::uint64_t In(std::uint64_t lo, std::uint64_t hi) const {
+    Freed best{};
+    for (auto it = newest_.lower_bound(lo); it != newest_.end() && it->first < hi; ++it) {
+      if (it->second.order > best.order) best = it->second;
+    }
+    return best.requested;
+  }
+
+ private:
+  struct Freed {
+    std::uint64_t order = 0;
+    std::uint64_t requested = 0;
+  };
+  std::map<std::uint64_t, Freed> newest_;  // by address: the newest free there
+};
+
 cca::SegmentInfo MakeSegment(const DeviceSnapshotInput& in, const SegmentSnapshot& seg, c10::MempoolId_t pool,
-                             std::uint64_t begin, std::uint64_t end, const TorchHistory& history) {
+                             std::uint64_t begin, std::uint64_t end, const TorchHistory& history,
+                             const FreedRequests& freed) {
   cca::SegmentInfo info;
   info.device = in.device;
   info.address = begin;
@@ -94,6 +125,8 @@ cca::SegmentInfo MakeSegment(const DeviceSnapshotInput& in, const SegmentSnapsho
       // its whole size (memory_viz draws a block as wide as its requested size).
       const std::uint64_t requested = b.requested_size != 0 ? b.requested_size : block.size;
       block.requested_size = std::min<std::uint64_t>(requested, block.size);
+    } else {
+      block.requested_size = std::min<std::uint64_t>(freed.In(lo, hi), block.size);
     }
     if (block.allocated) block.context_when_allocated = history.ContextOf(AsPointer(b.address));
     if (block.allocated) info.allocated_size += block.size;
@@ -108,11 +141,12 @@ cca::SegmentInfo MakeSegment(const DeviceSnapshotInput& in, const SegmentSnapsho
 void AddSegments(const DeviceSnapshotInput& in, const TorchHistory& history, c10::MempoolId_t filter,
                  std::vector<cca::SegmentInfo>* out) {
   const bool all_pools = filter.first == 0 && filter.second == 0;
+  const FreedRequests freed(history, in.device);
   for (const SegmentSnapshot& seg : in.snapshot.segments) {
     const c10::MempoolId_t pool = TorchPoolOf(in, seg.pool_id);
     if (!all_pools && pool != filter) continue;
     if (!seg.expandable) {
-      out->push_back(MakeSegment(in, seg, pool, seg.address, seg.address + seg.total_size, history));
+      out->push_back(MakeSegment(in, seg, pool, seg.address, seg.address + seg.total_size, history, freed));
       continue;
     }
     // Only the mapped runs hold memory; adjacent mapped ranges form one run.
@@ -122,7 +156,7 @@ void AddSegments(const DeviceSnapshotInput& in, const TorchHistory& history, c10
       for (++i; i < seg.mapped.size() && seg.address + seg.mapped[i].offset == end; ++i) {
         end += seg.mapped[i].size;
       }
-      out->push_back(MakeSegment(in, seg, pool, begin, end, history));
+      out->push_back(MakeSegment(in, seg, pool, begin, end, history, freed));
     }
   }
 }

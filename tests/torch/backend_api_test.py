@@ -2,7 +2,8 @@
 APIs are served by graphalloc. name() / get_allocator_backend(); torch.cuda.memory_stats() equal to graphalloc's
 own statistics (its C ABI) key by key, with exact deltas; reset of peak and accumulated statistics; empty_cache;
 memory fraction + out of memory as torch.cuda.OutOfMemoryError naming graphalloc, with the OOM observer called;
-caching_allocator_alloc/delete (raw_alloc/raw_delete); record_stream; cuDNN benchmark mode (cacheInfo);
+caching_allocator_alloc/delete (raw_alloc/raw_delete); record_stream; cuDNN benchmark mode (cacheInfo), also
+training torchvision's ResNet-50;
 IPC refused with a clear error; torch.cuda.MemPool + use_mem_pool (allocations land in the pool, use count,
 memory released after del)."""
 import gc
@@ -238,6 +239,37 @@ class BackendApiTest(unittest.TestCase):
             self.assertLess(losses[-1], losses[0])
         finally:
             torch.backends.cudnn.benchmark = old
+
+    def test_cudnn_benchmark_trains_resnet50(self):
+        # The issue's model: torchvision's ResNet-50 with cuDNN choosing algorithms by timing them, each
+        # trial asking cacheInfo how much workspace it may take. Training must run and learn.
+        torch = self.torch
+        try:
+            import torchvision
+        except ImportError:
+            self.skipTest("torchvision is not installed")
+        old = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            torch.manual_seed(0)
+            model = torchvision.models.resnet50(weights=None).cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            x = torch.randn(16, 3, 224, 224, device="cuda")
+            y = torch.randint(0, 1000, (16,), device="cuda")
+            losses = []
+            for _ in range(6):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                losses.append(float(loss))
+            print("ResNet-50 cudnn.benchmark losses:", losses, flush=True)
+            self.assertTrue(all(l == l and l < 100 for l in losses), losses)
+            self.assertLess(losses[-1], losses[0])
+            self.assertEqual(torch.cuda.get_allocator_backend(), "graphalloc")
+        finally:
+            torch.backends.cudnn.benchmark = old
+            torch.cuda.empty_cache()
 
     def test_ipc_share_is_refused_clearly(self):
         torch = self.torch

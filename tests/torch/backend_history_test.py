@@ -173,6 +173,27 @@ class BackendHistoryTest(unittest.TestCase):
         print(str(stats)[:800], flush=True)
         del big
 
+    def test_free_block_shows_last_freed_requested_size(self):
+        # PyTorch's free Block keeps the requested size of the allocation whose free merged into it; tools
+        # (and PyTorch's own test_memory_plots) read it after trace_plot(filter_freed=True) has pruned the trace.
+        torch = self.torch
+        torch.cuda.memory.empty_cache()
+        self.record()
+        x = torch.empty(ODD_SMALL, dtype=torch.uint8, device="cuda")
+        addr = x.data_ptr()
+        del x
+        snap = torch.cuda.memory._snapshot()
+        blocks = [b for seg in snap["segments"] for b in seg["blocks"]
+                  if b["address"] <= addr < b["address"] + b["size"]]
+        self.assertEqual(len(blocks), 1)
+        self.assertEqual(blocks[0]["state"], "inactive")
+        self.assertEqual(blocks[0]["requested_size"], ODD_SMALL)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        snap = torch.cuda.memory._snapshot()
+        blocks = [b for seg in snap["segments"] for b in seg["blocks"]
+                  if b["address"] <= addr < b["address"] + b["size"]]
+        self.assertEqual(blocks[0]["requested_size"], 0)  # without history graphalloc has no record of it
+
     def test_user_metadata(self):
         torch = self.torch
         setter = getattr(torch.cuda.memory, "_set_memory_metadata", None)

@@ -15,8 +15,6 @@
 namespace graphalloc::tools {
 namespace {
 
-std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
-
 std::string Signed(std::int64_t delta) {
   const std::string magnitude = FormatBytes(static_cast<std::uint64_t>(delta < 0 ? -delta : delta));
   return absl::StrCat(delta < 0 ? "-" : "+", magnitude);
@@ -123,7 +121,7 @@ std::string RenderDiffText(const MemorySnapshot& before, const MemorySnapshot& a
   auto list_segments = [&](const std::vector<const SegmentSnapshot*>& list, char sign) {
     for (std::size_t i = 0; i < list.size() && i < static_cast<std::size_t>(top); ++i) {
       const SegmentSnapshot& seg = *list[i];
-      absl::StrAppend(&out, "  ", std::string(1, sign), " ", Hex(seg.address), " ",
+      absl::StrAppend(&out, "  ", std::string(1, sign), " ", HexAddress(seg.address), " ",
                       FormatBytes(seg.total_size), " pool ", seg.pool_id, seg.expandable ? " expandable" : "",
                       "\n");
     }
@@ -146,8 +144,8 @@ std::string RenderDiffText(const MemorySnapshot& before, const MemorySnapshot& a
   auto list_blocks = [&](const std::vector<const BlockSnapshot*>& list, char sign) {
     for (std::size_t i = 0; i < list.size() && i < static_cast<std::size_t>(top); ++i) {
       const BlockSnapshot& blk = *list[i];
-      absl::StrAppend(&out, "  ", std::string(1, sign), " ", Hex(blk.address), " ", FormatBytes(blk.size),
-                      "  ", CallSite(blk.frames),
+      absl::StrAppend(&out, "  ", std::string(1, sign), " ", HexAddress(blk.address), " ",
+                      FormatBytes(blk.size), "  ", CallSite(blk.frames),
                       blk.annotation.empty() ? "" : absl::StrCat(" [", blk.annotation, "]"), "\n");
     }
     if (list.size() > static_cast<std::size_t>(top))

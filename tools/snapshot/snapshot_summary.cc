@@ -82,8 +82,6 @@ Analysis Analyze(const MemorySnapshot& s, int top) {
   return a;
 }
 
-std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
-
 std::string Percent(std::uint64_t part, std::uint64_t whole) {
   return whole == 0
              ? "0.0%"
@@ -97,7 +95,7 @@ void AppendTopAllocations(std::string& out, const Analysis& a, bool any_stack) {
     const BlockSnapshot& b = *a.top_blocks[i];
     absl::StrAppend(&out,
                     absl::StrFormat("  %2d. %12s at %s, requested %d, stream %s", i + 1, FormatBytes(b.size),
-                                    Hex(b.address), b.requested_size, Hex(b.stream)),
+                                    HexAddress(b.address), b.requested_size, HexAddress(b.stream)),
                     b.annotation.empty() ? "" : absl::StrCat(" [", b.annotation, "]"),
                     any_stack ? absl::StrCat("  ", CallSite(b.frames)) : "", "\n");
   }
@@ -213,9 +211,9 @@ std::string RenderSummaryText(const MemorySnapshot& s, absl::string_view name, i
                   absl::StrFormat("  %-18s %8s %8s %22s %22s %22s\n", "stream", "segments", "blocks",
                                   "reserved", "allocated", "pending free"));
   for (const auto& [id, g] : a.streams) {
-    absl::StrAppend(&out, absl::StrFormat("  %-18s %8d %8d %22s %22s %22s\n", Hex(id), g.segments, g.blocks,
-                                          FormatBytesExact(g.reserved), FormatBytesExact(g.allocated),
-                                          FormatBytesExact(g.pending)));
+    absl::StrAppend(&out, absl::StrFormat("  %-18s %8d %8d %22s %22s %22s\n", HexAddress(id), g.segments,
+                                          g.blocks, FormatBytesExact(g.reserved),
+                                          FormatBytesExact(g.allocated), FormatBytesExact(g.pending)));
   }
   absl::StrAppend(&out, "\n");
   AppendTopAllocations(out, a, any_stack);
@@ -318,9 +316,9 @@ std::string RenderSegmentsText(const MemorySnapshot& s) {
   constexpr int kMapWidth = 64;
   for (std::size_t i = 0; i < s.segments.size(); ++i) {
     const SegmentSnapshot& seg = s.segments[i];
-    absl::StrAppend(&out, "segment ", i, ": [", Hex(seg.address), ", ", Hex(seg.address + seg.total_size),
-                    ") ", FormatBytes(seg.total_size), ", ", SegmentKindName(seg.kind), ", stream ",
-                    Hex(seg.stream), ", pool ",
+    absl::StrAppend(&out, "segment ", i, ": [", HexAddress(seg.address), ", ",
+                    HexAddress(seg.address + seg.total_size), ") ", FormatBytes(seg.total_size), ", ",
+                    SegmentKindName(seg.kind), ", stream ", HexAddress(seg.stream), ", pool ",
                     seg.pool_id == 0 ? std::string("default") : absl::StrCat(seg.pool_id));
     if (seg.expandable) {
       absl::StrAppend(&out, ", expandable: ", FormatBytes(seg.ReservedBytes()), " mapped in ",
@@ -355,10 +353,11 @@ std::string RenderSegmentsText(const MemorySnapshot& s) {
     absl::StrAppend(&out, "  |", map, "|  A allocated, P pending free, . free, blank unmapped\n");
     for (const BlockSnapshot& b : seg.blocks) {
       absl::StrAppend(
-          &out, absl::StrFormat(
-                    "  %s +%-12s %-12s %-12s", Hex(b.address), FormatBytes(b.size), BlockStateName(b.state),
-                    b.state == BlockState::kFree ? std::string("") : absl::StrCat("req ", b.requested_size)));
-      if (b.stream != seg.stream) absl::StrAppend(&out, " stream ", Hex(b.stream));
+          &out,
+          absl::StrFormat(
+              "  %s +%-12s %-12s %-12s", HexAddress(b.address), FormatBytes(b.size), BlockStateName(b.state),
+              b.state == BlockState::kFree ? std::string("") : absl::StrCat("req ", b.requested_size)));
+      if (b.stream != seg.stream) absl::StrAppend(&out, " stream ", HexAddress(b.stream));
       if (!b.annotation.empty()) absl::StrAppend(&out, " [", b.annotation, "]");
       if (!b.frames.empty()) absl::StrAppend(&out, " ", CallSite(b.frames));
       absl::StrAppend(&out, "\n");

@@ -49,8 +49,6 @@ std::string Escape(absl::string_view text) {
   return out;
 }
 
-std::string Hex(std::uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
-
 const char* PoolColor(std::uint64_t pool) {
   static constexpr const char* kPalette[] = {"#4e79a7", "#59a14f", "#b07aa1", "#edc948",
                                              "#76b7b2", "#e15759", "#9c755f", "#ff9da7"};
@@ -249,10 +247,10 @@ std::string RenderSvg(const MemorySnapshot& s, absl::string_view title) {
   for (std::size_t i = 0; i < s.segments.size(); ++i) {
     const SegmentSnapshot& seg = s.segments[i];
     absl::StrAppend(&out, absl::StrFormat("<g class=\"segment\" data-index=\"%d\" data-address=\"%s\">", i,
-                                          Hex(seg.address)));
-    absl::StrAppend(&out,
-                    absl::StrFormat("<text x=\"10\" y=\"%.1f\">%s %s%s</text>\n", y + 13, Hex(seg.address),
-                                    Escape(FormatBytes(seg.total_size)), seg.expandable ? " (exp)" : ""));
+                                          HexAddress(seg.address)));
+    absl::StrAppend(
+        &out, absl::StrFormat("<text x=\"10\" y=\"%.1f\">%s %s%s</text>\n", y + 13, HexAddress(seg.address),
+                              Escape(FormatBytes(seg.total_size)), seg.expandable ? " (exp)" : ""));
     if (seg.expandable) {
       absl::StrAppend(
           &out, absl::StrFormat("<rect class=\"unmapped\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" "
@@ -263,17 +261,17 @@ std::string RenderSvg(const MemorySnapshot& s, absl::string_view title) {
       const double x = kLabelWidth + static_cast<double>(b.address - seg.address) * scale;
       const double w = std::max(0.3, static_cast<double>(b.size) * scale);
       std::string tip =
-          absl::StrCat(BlockStateName(b.state), " ", FormatBytes(b.size), " at ", Hex(b.address));
+          absl::StrCat(BlockStateName(b.state), " ", FormatBytes(b.size), " at ", HexAddress(b.address));
       if (b.state != BlockState::kFree) absl::StrAppend(&tip, ", requested ", b.requested_size);
-      absl::StrAppend(&tip, ", stream ", Hex(b.stream), ", pool ", seg.pool_id);
+      absl::StrAppend(&tip, ", stream ", HexAddress(b.stream), ", pool ", seg.pool_id);
       if (!b.annotation.empty()) absl::StrAppend(&tip, ", [", b.annotation, "]");
       if (!b.frames.empty()) absl::StrAppend(&tip, "\n", CallSite(b.frames));
-      absl::StrAppend(&out,
-                      absl::StrFormat("<rect class=\"block\" data-state=\"%s\" data-pool=\"%d\" "
-                                      "data-address=\"%s\" data-size=\"%d\" x=\"%.2f\" y=\"%.1f\" "
-                                      "width=\"%.2f\" height=\"%.1f\" fill=\"%s\"><title>%s</title></rect>\n",
-                                      BlockStateName(b.state), seg.pool_id, Hex(b.address), b.size, x, y, w,
-                                      kRowHeight, BlockColor(b, seg.pool_id), Escape(tip)));
+      absl::StrAppend(
+          &out, absl::StrFormat("<rect class=\"block\" data-state=\"%s\" data-pool=\"%d\" "
+                                "data-address=\"%s\" data-size=\"%d\" x=\"%.2f\" y=\"%.1f\" "
+                                "width=\"%.2f\" height=\"%.1f\" fill=\"%s\"><title>%s</title></rect>\n",
+                                BlockStateName(b.state), seg.pool_id, HexAddress(b.address), b.size, x, y, w,
+                                kRowHeight, BlockColor(b, seg.pool_id), Escape(tip)));
     }
     absl::StrAppend(&out, "</g>\n");
     y += kRowHeight + kRowGap;
