@@ -52,24 +52,8 @@ extern "C" {
 
 int graphalloc_pool_create_with_tag(int device, const graphalloc_pool_options* options, const char* tag,
                                     uint64_t* pool) {
-  return Guarded([&]() -> absl::Status {
-    if (pool == nullptr) {
-      return absl::InvalidArgumentError("graphalloc_pool_create_with_tag: pool (the output) is NULL");
-    }
-    *pool = 0;
-    absl::StatusOr<graphalloc::CachingAllocator*> allocator = graphalloc::DefaultAllocator(device);
-    if (!allocator.ok()) return allocator.status();
-    graphalloc::PoolOptions opts;
-    if (options != nullptr) {
-      opts.use_on_oom = options->use_on_oom != 0;
-      opts.no_split = options->no_split != 0;
-    }
-    if (tag != nullptr) opts.tag = tag;
-    absl::StatusOr<graphalloc::PrivatePool> handle = (*allocator)->CreatePool(opts);
-    if (!handle.ok()) return handle.status();
-    *pool = handle->id();
-    graphalloc::c_api::AddPoolReference(device, *std::move(handle));
-    return absl::OkStatus();
+  return Guarded([&] {
+    return graphalloc::c_api::CreatePool("graphalloc_pool_create_with_tag", device, options, tag, pool);
   });
 }
 
