@@ -142,6 +142,14 @@ void CachingAllocator::SnapshotState(MemorySnapshot* snapshot) const ABSL_NO_THR
           out.mapped.push_back({offset, chunk.size, accessible});
         }
       }
+      for (const auto& [ptr, chunk] : segment->vmm->sleeping_chunks()) {
+        const std::uint64_t offset = ptr - segment->base;
+        if (!out.asleep.empty() && out.asleep.back().offset + out.asleep.back().size == offset) {
+          out.asleep.back().size += chunk.size;
+        } else {
+          out.asleep.push_back({offset, chunk.size, true});
+        }
+      }
     }
     AddBlocks(*segment, &out);
   }

@@ -81,7 +81,9 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       segments_(config_.max_split_size, history_),
       budget_(driver_->Info().total_memory),
       captures_(*driver_),
-      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_}) {
+      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_}),
+      sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
+              [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
   if (config_.record_history) {
     // The options were validated by Config::Parse; a failure here can only be a programming error.
     (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
@@ -110,6 +112,12 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   for (auto& [base, segment] : segments_) {
     if (segment->vmm != nullptr) {
       for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
+        (void)driver_->MemUnmap(ptr, chunk.size);
+        (void)driver_->MemRelease(chunk.handle);
+      }
+      // Sleeping chunks hold memory only when a failed wake left them mapped.
+      for (const auto& [ptr, chunk] : segment->vmm->sleeping_chunks()) {
+        if (!chunk.mapped) continue;
         (void)driver_->MemUnmap(ptr, chunk.size);
         (void)driver_->MemRelease(chunk.handle);
       }
@@ -151,6 +159,9 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
   if (bytes == 0) return DevicePtr{0};
   if (bytes > kMaxRequest) return RequestTooLarge(bytes);
   const PoolId pool = routes_.any_open() ? routes_.Route(stream, *driver_) : kDefaultPool;
+  if (sleep_.any_asleep()) {
+    if (absl::Status s = sleep_.CheckAwake(pool); !s.ok()) return s;
+  }
   StreamShard* shard = ShardFor(pool, stream);
   if (shard == nullptr) return NoShardLeft(stream);
   // Event queries are illegal while a capture is underway: they wait for the capture to end.
@@ -325,8 +336,8 @@ void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
 
 absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   AllShardsLock lock(shards_, device_mu_);
-  return InvariantChecker(
-             {lock, segments_, pools_, expandable_, config_.max_split_size, driver_->Info().granularity})
+  return InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
+                           driver_->Info().granularity, &sleep_})
       .Run();
 }
 

@@ -24,6 +24,7 @@
 //                                                                                      capture_tracker.h)
 //   ExpandableSegments          growth and release of expandable segments             (expandable_segments.h)
 //   PoolRestorer                restoring a pool's checkpoint, in phases              (pool_restorer.h)
+//   PoolSleep                   sleep and wake of pools, in phases                    (pool_sleep.h)
 //   InvariantChecker            CheckInvariants                                       (invariant_checker.h)
 // What stays here: finding a request's shard and a pointer's owner, the slow path's order of retries
 // (allocation_slow_path.cc), stream events (stream_events.cc), the pool lifecycle (private_pools.cc) and
@@ -56,6 +57,7 @@
 #include "graphalloc/allocator/memory_budget.h"
 #include "graphalloc/allocator/pool_checkpoint.h"
 #include "graphalloc/allocator/pool_registry.h"
+#include "graphalloc/allocator/pool_sleep.h"
 #include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/route_table.h"
 #include "graphalloc/allocator/segment_ledger.h"
@@ -155,6 +157,21 @@ class CachingAllocator {
   // is gone; on any error the pool is as before. The caller must not use the pool from other threads
   // meanwhile.
   absl::StatusOr<RestoreResult> Restore(const PrivatePool& pool, const PoolCheckpoint& checkpoint);
+
+  // ---- Sleep and wake (pool_sleep.h says the rules and what a failure leaves). ----
+  // Gives the physical memory of the pools of `request.scope` back to the device, keeping every
+  // reservation and every block's address; each pool's contents are discarded or backed up to pinned host
+  // memory as asked. Waits for the device first. While a pool sleeps, allocations routed to it fail with
+  // FailedPrecondition and frees into it are allowed. FailedPrecondition during a capture, for a pool with
+  // regular segments (unless they are wholly free and the request releases them) or with blocks being
+  // changed by another thread; NotFound for a pool or tag that names none. Pools asleep already are left
+  // as they are.
+  absl::StatusOr<SleepResult> Sleep(const SleepRequest& request);
+  // Maps fresh physical memory at the addresses of the sleeping pools of `request.scope` and restores their
+  // backed-up blocks still allocated; after it returns the memory is ready for any stream.
+  absl::StatusOr<WakeResult> Wake(const WakeRequest& request);
+  // Whether `pool` (kDefaultPool: the default pool) sleeps, and its figures. NotFound for no such pool.
+  absl::StatusOr<SleepState> GetSleepState(PoolId pool) const;
 
   const Config& config() const { return config_; }
   Driver& driver() const { return *driver_; }
@@ -256,6 +273,8 @@ class CachingAllocator {
   // Growth and release of expandable segments, their handle cache, peers and quarantine
   // (expandable_segments.h).
   ExpandableSegments expandable_;
+  // Sleeping pools and the sleep and wake sequences (pool_sleep.h).
+  PoolSleep sleep_;
 };
 
 }  // namespace graphalloc

@@ -87,6 +87,11 @@ void ExpandableSegments::CacheHandle(const ChunkPlacement& handle) {
   handles_.Put(handle.size, handle.handle);
 }
 
+bool ExpandableSegments::TakeCachedHandle(std::size_t size, PhysicalHandle* handle) {
+  device_mu_.AssertHeld();
+  return handles_.TakeExact(size, handle);
+}
+
 std::vector<int> ExpandableSegments::peers() const {
   device_mu_.AssertHeld();
   return peers_;

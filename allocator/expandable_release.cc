@@ -39,7 +39,9 @@ void ExpandableSegments::CarveIdleChunks(PoolId scope, std::vector<ReleaseJob>* 
     for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
       std::vector<Block*> candidates;
       for (auto it = pool->LowerBound(granularity_); it != pool->blocks.end(); ++it) {
-        if (it->block->segment->expandable) candidates.push_back(it->block);
+        // A sleeping pool's chunks are its sleep's and wake's to unmap and map (pool_sleep.h).
+        if (it->block->segment->expandable && !it->block->segment->vmm->asleep())
+          candidates.push_back(it->block);
       }
       for (Block* b : candidates) {
         std::vector<ChunkPlacement> chunks = b->segment->vmm->ChunksWithin(b->ptr, b->end());

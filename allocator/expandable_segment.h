@@ -3,8 +3,10 @@
 //
 // A chunk is one physical handle (cuMemCreate) mapped at one address; its size is whatever the growth that
 // mapped it needed (a multiple of the granularity), because the driver's cost is per handle, not per byte.
-// A chunk is unmapped only as a whole. The block side (which ranges are allocated, free or unmapped) lives
-// in the segment's block chain; CheckInvariants() verifies that the two agree.
+// A chunk is unmapped only as a whole. While the segment's pool sleeps (pool_sleep.h) its chunks are
+// asleep: the range and its blocks stay, the physical memory is gone until the wake maps it again. The block
+// side (which ranges are allocated, free or unmapped) lives in the segment's block chain; CheckInvariants()
+// verifies that the two agree.
 #ifndef GRAPHALLOC_ALLOCATOR_EXPANDABLE_SEGMENT_H_
 #define GRAPHALLOC_ALLOCATOR_EXPANDABLE_SEGMENT_H_
 
@@ -23,6 +25,14 @@ struct MappedChunk {
   PhysicalHandle handle{};
 };
 
+// A chunk whose pool sleeps. Normally it holds no physical memory; a wake that failed and whose undo the
+// driver refused leaves it mapped (`mapped`) with `handle`, which the next wake reuses as it is.
+struct SleepingChunk {
+  std::size_t size = 0;
+  bool mapped = false;
+  PhysicalHandle handle{};
+};
+
 // A physical handle placed (or to be placed) at an address.
 struct ChunkPlacement {
   DevicePtr ptr = 0;
@@ -38,6 +48,32 @@ class ExpandableSegment {
   std::size_t size() const { return size_; }
   std::size_t mapped_bytes() const { return mapped_bytes_; }
   const absl::btree_map<DevicePtr, MappedChunk>& chunks() const { return chunks_; }
+  const absl::btree_map<DevicePtr, SleepingChunk>& sleeping_chunks() const { return sleeping_; }
+  std::size_t sleeping_bytes() const { return sleeping_bytes_; }
+  // Set while the pool sleeps, and while a sleep is on its way: the release paths leave such a segment
+  // alone (its chunks are the sleep's to unmap and the wake's to map).
+  bool asleep() const { return asleep_; }
+  void set_asleep(bool asleep) { asleep_ = asleep; }
+  // A mapped chunk falls asleep (its memory was released), or a sleeping one is mapped again.
+  void ChunkAsleep(DevicePtr ptr) {
+    auto it = chunks_.find(ptr);
+    sleeping_.emplace(ptr, SleepingChunk{it->second.size, false, {}});
+    sleeping_bytes_ += it->second.size;
+    mapped_bytes_ -= it->second.size;
+    chunks_.erase(it);
+  }
+  void ChunkAwake(const ChunkPlacement& c) {
+    auto it = sleeping_.find(c.ptr);
+    sleeping_bytes_ -= it->second.size;
+    sleeping_.erase(it);
+    AddChunk(c);
+  }
+  // A sleeping chunk left mapped by a failed wake (or no longer).
+  void SetSleepingMapping(DevicePtr ptr, bool mapped, PhysicalHandle handle) {
+    SleepingChunk& c = sleeping_.at(ptr);
+    c.mapped = mapped;
+    c.handle = handle;
+  }
 
   void AddChunk(const ChunkPlacement& c) {
     chunks_.emplace(c.ptr, MappedChunk{c.size, c.handle});
@@ -63,6 +99,9 @@ class ExpandableSegment {
   std::size_t size_;
   absl::btree_map<DevicePtr, MappedChunk> chunks_;
   std::size_t mapped_bytes_ = 0;
+  absl::btree_map<DevicePtr, SleepingChunk> sleeping_;
+  std::size_t sleeping_bytes_ = 0;
+  bool asleep_ = false;
 };
 
 // Maps each chunk at its address, then grants access (this device and `peers`) over [first, last) of them,

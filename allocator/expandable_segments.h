@@ -87,6 +87,8 @@ class ExpandableSegments {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // A handle that is not mapped anywhere, kept for the next growth. Device lock held.
   void CacheHandle(const ChunkPlacement& handle);
+  // A cached handle of exactly `size`, taken out of the cache (a wake reuses it). Device lock held.
+  bool TakeCachedHandle(std::size_t size, PhysicalHandle* handle);
   // The peers every mapping grants access to. Device lock held.
   std::vector<int> peers() const;
   // Whether `block` is a quarantined chunk's; whether the chunk at `ptr` is accessible. Device lock held.

@@ -38,6 +38,15 @@ class HandleCache {
     }
     return out;
   }
+  // A handle of exactly `size`, if one is cached (a wake maps each chunk at the size it had).
+  bool TakeExact(std::size_t size, PhysicalHandle* handle) {
+    auto it = handles_.find(size);
+    if (it == handles_.end()) return false;
+    *handle = it->second;
+    bytes_ -= size;
+    handles_.erase(it);
+    return true;
+  }
   std::vector<ChunkPlacement> TakeAll() {
     std::vector<ChunkPlacement> out;
     for (const auto& [size, handle] : handles_) out.push_back({0, size, handle});

@@ -2,6 +2,7 @@
 // chains are invariant_chain.cc.
 #include "graphalloc/allocator/invariant_checker.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -72,6 +73,7 @@ absl::Status InvariantChecker::Run() {
   std::size_t in_flight = 0;
   for (const auto& [shard, e] : expected_) in_flight += e.in_flight_blocks;
   GRAPHALLOC_RETURN_IF_ERROR(parts_.expandable.CheckInvariants(in_flight));
+  if (parts_.sleep != nullptr) GRAPHALLOC_RETURN_IF_ERROR(parts_.sleep->CheckInvariants());
   GRAPHALLOC_RETURN_IF_ERROR(
       CompareStats("device", parts_.segments.stats(), device_expected_, /*block_stats=*/false));
   absl::Status shard_status;
@@ -104,22 +106,27 @@ absl::Status InvariantChecker::CheckSegment(DevicePtr base, const Segment* segme
 }
 
 absl::Status InvariantChecker::CheckChunks(const Segment* segment, Intervals* chunk_mapped) {
-  // Reserved bytes of an expandable segment are its mapped chunks; it is not counted as a segment.
+  // Reserved bytes of an expandable segment are its mapped chunks; it is not counted as a segment. A
+  // sleeping chunk (pool_sleep.h) reserves nothing, yet its blocks keep their state: for the chain, the
+  // mapped blocks cover the mapped and the sleeping chunks together.
   const DevicePtr base = segment->base;
   const std::size_t gran = parts_.granularity;
   std::size_t chunk_bytes = 0;
-  for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
-    if (ptr < base || ptr + chunk.size > base + segment->size || ptr % gran != 0 || chunk.size == 0 ||
-        chunk.size % gran != 0) {
+  std::vector<std::pair<DevicePtr, std::size_t>> placed;  // mapped and sleeping, in address order
+  for (const auto& [ptr, chunk] : segment->vmm->chunks()) placed.emplace_back(ptr, chunk.size);
+  for (const auto& [ptr, chunk] : segment->vmm->sleeping_chunks()) placed.emplace_back(ptr, chunk.size);
+  std::sort(placed.begin(), placed.end());
+  for (const auto& [ptr, size] : placed) {
+    if (ptr < base || ptr + size > base + segment->size || ptr % gran != 0 || size == 0 || size % gran != 0) {
       return InvariantViolation(
-          absl::StrFormat("segment 0x%x: chunk 0x%x (%d bytes) is misplaced", base, ptr, chunk.size));
+          absl::StrFormat("segment 0x%x: chunk 0x%x (%d bytes) is misplaced", base, ptr, size));
     }
     if (!chunk_mapped->empty() && ptr < chunk_mapped->back().second) {
       return InvariantViolation(absl::StrFormat("segment 0x%x: chunk 0x%x overlaps another", base, ptr));
     }
-    AddInterval(*chunk_mapped, ptr, ptr + chunk.size);
-    chunk_bytes += chunk.size;
+    AddInterval(*chunk_mapped, ptr, ptr + size);
   }
+  for (const auto& [ptr, chunk] : segment->vmm->chunks()) chunk_bytes += chunk.size;
   if (chunk_bytes != segment->vmm->mapped_bytes()) {
     return InvariantViolation(absl::StrFormat("segment 0x%x: chunks add up to %d bytes, the segment says %d",
                                               base, chunk_bytes, segment->vmm->mapped_bytes()));

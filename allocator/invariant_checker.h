@@ -10,7 +10,8 @@
 //   the statistics       block statistics per shard, segment statistics for the device (CompareStats);
 //   each shard's counts  pointer map, indexes, block objects, stream events (CheckShard);
 //   the expandable side  handle cache, quarantine, growths in flight (ExpandableSegments::CheckInvariants);
-//   private pools        reserved, allocated and live figures (CheckPools).
+//   private pools        reserved, allocated and live figures (CheckPools);
+//   sleeping pools       sleeping chunks, records and backups (PoolSleep::CheckInvariants).
 // The first violation found is returned as an Internal error (invariant_violation.h).
 #ifndef GRAPHALLOC_ALLOCATOR_INVARIANT_CHECKER_H_
 #define GRAPHALLOC_ALLOCATOR_INVARIANT_CHECKER_H_
@@ -23,6 +24,7 @@
 #include "absl/status/status.h"
 #include "graphalloc/allocator/expandable_segments.h"
 #include "graphalloc/allocator/pool_registry.h"
+#include "graphalloc/allocator/pool_sleep.h"
 #include "graphalloc/allocator/segment_ledger.h"
 #include "graphalloc/allocator/shard_table.h"
 
@@ -38,6 +40,7 @@ class InvariantChecker {
     const ExpandableSegments& expandable;
     std::size_t max_split_size;
     std::size_t granularity;
+    const PoolSleep* sleep = nullptr;  // null: no pool sleeps (tests of the checker alone)
   };
   explicit InvariantChecker(const Parts& parts) : parts_(parts) {}
 

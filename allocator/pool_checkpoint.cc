@@ -79,6 +79,10 @@ absl::StatusOr<PoolCheckpoint> CachingAllocator::Checkpoint(const PrivatePool& p
   if (pool.allocator() != this) {
     return absl::InvalidArgumentError("Checkpoint: the pool handle is empty or belongs to another allocator");
   }
+  if (sleep_.IsAsleep(pool.id())) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Checkpoint: pool %d is asleep; Wake() it first", pool.id()));
+  }
   // A quarantined chunk would make the pool look busy (CheckPoolQuiet): fix what can be fixed first.
   (void)expandable_.RepairQuarantinedChunks(/*may_unmap=*/!captures_.underway());
   PoolShardsLock lock(shards_, pool.id(), device_mu_);
@@ -100,6 +104,10 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(const PrivatePool& pool,
     return absl::InvalidArgumentError(absl::StrFormat(
         "Restore: the checkpoint is of pool %d%s, not of pool %d of this allocator", checkpoint.pool,
         checkpoint.allocator_id != id_ ? " of another allocator" : "", pool.id()));
+  }
+  if (sleep_.IsAsleep(pool.id())) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("Restore: pool %d is asleep; Wake() it first", pool.id()));
   }
   if (captures_.underway()) {
     return absl::FailedPreconditionError(

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -35,6 +36,9 @@ struct PoolOptions {
   // Blocks of this pool are never split: each allocation gets a segment of its own, sized to the request
   // (rounded to the device's granularity), for memory registered whole with other libraries (NCCL).
   bool no_split = false;
+  // A name for sleeping and waking pools together (CachingAllocator::Sleep with SleepScope::Tag); several
+  // pools may share one. Empty: no tag.
+  std::string tag{};
 };
 
 struct PoolStats {
@@ -43,9 +47,12 @@ struct PoolStats {
   std::size_t allocated_bytes = 0;  // bytes of the pool's live blocks
   std::size_t peak_allocated_bytes = 0;
   std::size_t segments = 0;
-  std::size_t live_blocks = 0;  // allocated blocks (including frees deferred until a capture ends)
-  int use_count = 0;            // PrivatePool handles
-  int graph_pins = 0;           // GraphPins
+  std::size_t live_blocks = 0;     // allocated blocks (including frees deferred until a capture ends)
+  int use_count = 0;               // PrivatePool handles
+  int graph_pins = 0;              // GraphPins
+  bool asleep = false;             // CachingAllocator::Sleep (pool_sleep.h)
+  std::size_t sleeping_bytes = 0;  // address space whose physical memory is asleep (not in reserved_bytes)
+  std::size_t backup_bytes = 0;    // pinned host memory holding the sleeping pool's contents
 };
 
 // Which allocations a route sends to its pool.

@@ -88,7 +88,25 @@ absl::StatusOr<PoolStats> CachingAllocator::GetPoolStats(PoolId id) const {
   for (const auto& [base, segment] : segments_) {
     if (segment->shard->pool == &pool) ++stats.segments;
   }
+  const SleepState sleep = sleep_.StateOf(id);
+  stats.asleep = sleep.asleep;
+  stats.sleeping_bytes = sleep.sleeping_bytes;
+  stats.backup_bytes = sleep.backup_bytes;
   return stats;
+}
+
+absl::StatusOr<SleepResult> CachingAllocator::Sleep(const SleepRequest& request) {
+  return sleep_.Sleep(request);
+}
+
+absl::StatusOr<WakeResult> CachingAllocator::Wake(const WakeRequest& request) { return sleep_.Wake(request); }
+
+absl::StatusOr<SleepState> CachingAllocator::GetSleepState(PoolId pool) const {
+  MutexLock lock(&device_mu_);
+  if (pool != kDefaultPool && pools_.Find(pool) == nullptr) {
+    return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", pool));
+  }
+  return sleep_.StateOf(pool);
 }
 
 absl::Status CachingAllocator::SetPoolUseOnOom(PoolId id, bool use_on_oom) {
@@ -227,6 +245,7 @@ DevicePtr CachingAllocator::AllocateFromOomPools(const AllocationRequest& reques
     candidates = pools_.UseOnOomPools();
   }
   for (PoolId id : candidates) {
+    if (sleep_.IsAsleep(id)) continue;  // its free blocks have no memory behind them
     StreamShard* shard = shards_.Find(id, request.stream);
     if (shard == nullptr) continue;
     SpinLockHolder lock(&shard->mu);

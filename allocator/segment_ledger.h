@@ -44,6 +44,11 @@ class SegmentLedger {
   // pool's reserved bytes and the history.
   void ChunkMapped(Segment* segment, const ChunkPlacement& chunk);
   void ChunkUnmapped(Segment* segment, const ChunkPlacement& chunk);
+  // A chunk of a sleeping pool gave its memory back (it stays in the segment, asleep), or a wake mapped it
+  // again: the reserved statistics move as for an unmap and a map (the memory is the device's meanwhile); no
+  // history event, since the blocks of the range stay as they are.
+  void ChunkAsleep(Segment* segment, const ChunkPlacement& chunk);
+  void ChunkAwake(Segment* segment, const ChunkPlacement& chunk);
 
   // Segment statistics and device counters (the block statistics live with the shards).
   DeviceStats& stats() { return stats_; }

@@ -134,6 +134,32 @@ int graphalloc_pool_empty_cache(int device, uint64_t pool);
 int graphalloc_pool_pin_for_graph(int device, uint64_t pool, uint64_t* pin);
 int graphalloc_pool_unpin(uint64_t pin);
 
+/* ---- Sleep and wake (allocator/pool_sleep.h): a sleeping pool's device memory goes back to the device
+ * while every allocation keeps its address; a wake maps fresh memory at the same addresses, so pointers
+ * held and CUDA graphs captured before the sleep stay valid after it. backup != 0 copies the live
+ * allocations to pinned host memory first and back at the wake; backup == 0 discards them. While a pool
+ * sleeps, allocations routed to it fail with FAILED_PRECONDITION and frees into it are allowed. Both wait
+ * for the device first and fail with FAILED_PRECONDITION during a capture; a failure leaves each pool as
+ * it was, asleep or awake. Only expandable segments keep their addresses: a pool with other segments
+ * cannot sleep (FAILED_PRECONDITION naming them). ---- */
+
+/* A new pool, as graphalloc_pool_create, with `tag` (NULL or "": none) naming it for graphalloc_sleep and
+ * graphalloc_wake; several pools may share a tag. */
+int graphalloc_pool_create_with_tag(int device, const graphalloc_pool_options* options, const char* tag,
+                                    uint64_t* pool);
+/* Sleeps the pools created with `tag` (INVALID_ARGUMENT when none has it), or with tag NULL the whole
+ * allocator of `device` (its default pool and every private pool). Pools asleep already stay so. */
+int graphalloc_sleep(int device, const char* tag, int backup);
+/* Wakes the sleeping pools with `tag`, or with tag NULL every sleeping pool of `device`. */
+int graphalloc_wake(int device, const char* tag);
+/* Sleeps or wakes one pool; pool 0 is the default pool. */
+int graphalloc_pool_sleep(int device, uint64_t pool, int backup);
+int graphalloc_pool_wake(int device, uint64_t pool);
+/* Whether `pool` (0: the default pool) sleeps, the bytes of its address space whose memory is asleep and
+ * the pinned host bytes of its backup. Any output may be NULL. */
+int graphalloc_pool_sleep_state(int device, uint64_t pool, int* asleep, size_t* sleeping_bytes,
+                                size_t* backup_bytes);
+
 /* "graphalloc X.Y.Z": the library's version (the CMake project's), as `graphalloc --version` prints it. */
 const char* graphalloc_version(void);
 

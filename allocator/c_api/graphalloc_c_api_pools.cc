@@ -99,6 +99,27 @@ int BeginRoute(const char* function, int device, std::uint64_t pool, PoolRouteFi
 }
 
 }  // namespace
+
+absl::Status CreatePool(const char* function, int device, const graphalloc_pool_options* options,
+                        const char* tag, uint64_t* pool) {
+  if (pool == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(function, ": pool (the output) is NULL"));
+  *pool = 0;
+  absl::StatusOr<CachingAllocator*> allocator = DefaultAllocator(device);
+  if (!allocator.ok()) return allocator.status();
+  PoolOptions opts;
+  if (options != nullptr) {
+    opts.use_on_oom = options->use_on_oom != 0;
+    opts.no_split = options->no_split != 0;
+  }
+  if (tag != nullptr) opts.tag = tag;
+  absl::StatusOr<PrivatePool> handle = (*allocator)->CreatePool(opts);
+  if (!handle.ok()) return handle.status();
+  *pool = handle->id();
+  TheRegistry().AddReference(device, *std::move(handle));
+  return absl::OkStatus();
+}
+
 }  // namespace graphalloc::c_api
 
 using graphalloc::c_api::Guarded;
@@ -107,22 +128,8 @@ using graphalloc::c_api::TheRegistry;
 extern "C" {
 
 int graphalloc_pool_create(int device, const graphalloc_pool_options* options, uint64_t* pool) {
-  return Guarded([&]() -> absl::Status {
-    if (pool == nullptr)
-      return absl::InvalidArgumentError("graphalloc_pool_create: pool (the output) is NULL");
-    *pool = 0;
-    absl::StatusOr<graphalloc::CachingAllocator*> allocator = graphalloc::DefaultAllocator(device);
-    if (!allocator.ok()) return allocator.status();
-    graphalloc::PoolOptions opts;
-    if (options != nullptr) {
-      opts.use_on_oom = options->use_on_oom != 0;
-      opts.no_split = options->no_split != 0;
-    }
-    absl::StatusOr<graphalloc::PrivatePool> handle = (*allocator)->CreatePool(opts);
-    if (!handle.ok()) return handle.status();
-    *pool = handle->id();
-    TheRegistry().AddReference(device, *std::move(handle));
-    return absl::OkStatus();
+  return Guarded([&] {
+    return graphalloc::c_api::CreatePool("graphalloc_pool_create", device, options, nullptr, pool);
   });
 }
 

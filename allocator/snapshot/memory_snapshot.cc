@@ -39,6 +39,17 @@ std::uint64_t MappedOverlap(const std::vector<MappedRange>& mapped, std::uint64_
   return bytes;
 }
 
+// Bytes of [begin, end) (segment-relative) inside `ranges`, accessible or not.
+std::uint64_t Overlap(const std::vector<MappedRange>& ranges, std::uint64_t begin, std::uint64_t end) {
+  std::uint64_t bytes = 0;
+  for (const MappedRange& r : ranges) {
+    const std::uint64_t lo = std::max(begin, r.offset);
+    const std::uint64_t hi = std::min(end, r.offset + r.size);
+    if (lo < hi) bytes += hi - lo;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 absl::string_view BlockStateName(BlockState state) { return kBlockStateNames[static_cast<int>(state)]; }
@@ -104,6 +115,24 @@ absl::Status ValidateSnapshot(const MemorySnapshot& snapshot) {
         return error(mpath + ".offset", "mapped ranges must be sorted and disjoint");
       }
     }
+    if (!seg.expandable && !seg.asleep.empty()) {
+      return error(path + ".asleep", "only expandable segments have sleeping ranges");
+    }
+    for (std::size_t m = 0; m < seg.asleep.size(); ++m) {
+      const MappedRange& r = seg.asleep[m];
+      const std::string mpath = absl::StrCat(path, ".asleep[", m, "]");
+      if (r.size == 0) return error(mpath + ".size", "a sleeping range cannot be empty");
+      if (r.offset > seg.total_size || r.size > seg.total_size - r.offset) {
+        return error(mpath, absl::StrCat("range [", r.offset, ", ", r.offset + r.size,
+                                         ") is outside the segment's ", seg.total_size, " bytes"));
+      }
+      if (m > 0 && r.offset < seg.asleep[m - 1].offset + seg.asleep[m - 1].size) {
+        return error(mpath + ".offset", "sleeping ranges must be sorted and disjoint");
+      }
+      if (Overlap(seg.mapped, r.offset, r.offset + r.size) != 0) {
+        return error(mpath, "a sleeping range cannot be mapped too");
+      }
+    }
     if (seg.blocks.empty()) return error(path + ".blocks", "a segment must have at least one block");
     std::uint64_t expected = seg.address;
     for (std::size_t b = 0; b < seg.blocks.size(); ++b) {
@@ -126,10 +155,14 @@ absl::Status ValidateSnapshot(const MemorySnapshot& snapshot) {
       }
       if (seg.expandable && block.state != BlockState::kFree) {
         const std::uint64_t offset = block.address - seg.address;
-        if (MappedOverlap(seg.mapped, offset, offset + block.size) != block.size) {
+        // A sleeping pool's live blocks stay live where their memory sleeps.
+        if (MappedOverlap(seg.mapped, offset, offset + block.size) +
+                Overlap(seg.asleep, offset, offset + block.size) !=
+            block.size) {
           return error(
               bpath,
-              "an allocated or pending-free block of an expandable segment must be mapped with access");
+              "an allocated or pending-free block of an expandable segment must be mapped with access "
+              "(or asleep)");
         }
       }
       expected = block.address + block.size;

@@ -95,6 +95,10 @@ struct SegmentSnapshot {
   std::vector<MappedRange> mapped;    // expandable segments only: the physically backed ranges, sorted
   std::vector<BlockSnapshot> blocks;  // by address, contiguous, covering [address, address + total_size)
   std::vector<Frame> frames;          // where the segment was allocated; empty when not recorded
+  // Expandable segments only: ranges whose pool sleeps (CachingAllocator::Sleep), sorted, disjoint from
+  // `mapped`. Their blocks keep their state and addresses; they hold no device memory until the wake. Last
+  // and defaulted, so that positional initializers of the members above stay as they were.
+  std::vector<MappedRange> asleep{};
 
   // Device memory the segment holds: total_size, or the mapped bytes of an expandable segment.
   std::uint64_t ReservedBytes() const;

@@ -310,6 +310,18 @@ absl::Status ReadSegment(const json& value, const std::string& path, SegmentSnap
       s->mapped.push_back(range);
     }
   }
+  absl::StatusOr<const json*> asleep = r->Array("asleep", false);
+  if (!asleep.ok()) return asleep.status();
+  if (*asleep != nullptr) {
+    for (std::size_t i = 0; i < (*asleep)->size(); ++i) {
+      absl::StatusOr<ObjectReader> m = ObjectReader::Of((**asleep)[i], IndexPath(r->PathOf("asleep"), i));
+      if (!m.ok()) return m.status();
+      MappedRange range;
+      GRAPHALLOC_RETURN_IF_ERROR(m->U64("offset", &range.offset));
+      GRAPHALLOC_RETURN_IF_ERROR(m->U64("size", &range.size));
+      s->asleep.push_back(range);
+    }
+  }
   GRAPHALLOC_RETURN_IF_ERROR(ReadStackRef(*r, &s->frames, refs));
   absl::StatusOr<const json*> blocks = r->Array("blocks");
   if (!blocks.ok()) return blocks.status();

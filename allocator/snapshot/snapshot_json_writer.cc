@@ -127,6 +127,20 @@ void WriteSegment(JsonWriter& j, StackTable& stacks, const SegmentSnapshot& s) {
       j.Char('}');
     }
     j.Char(']');
+    // Only while a pool sleeps, so that every other snapshot reads as before.
+    if (!s.asleep.empty()) {
+      j.Key("asleep");
+      j.Char('[');
+      for (std::size_t i = 0; i < s.asleep.size(); ++i) {
+        if (i != 0) j.Char(',');
+        j.Raw("{\"offset\":");
+        j.U64(s.asleep[i].offset);
+        j.Raw(",\"size\":");
+        j.U64(s.asleep[i].size);
+        j.Char('}');
+      }
+      j.Char(']');
+    }
   }
   WriteStackRef(j, stacks, s.frames);
   j.Key("blocks");

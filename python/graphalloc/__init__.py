@@ -7,6 +7,7 @@ device). ``graphalloc.torch`` builds on it to make graphalloc PyTorch's CUDA all
     lib = graphalloc.library()          # the loaded ctypes.CDLL
     graphalloc.stats(0)                 # dict of PyTorch's flat memory_stats keys
     graphalloc.snapshot(0)              # dict in docs/snapshot_format.md's format (needs a recent library)
+    graphalloc.sleep("weights", backup=True); graphalloc.wake("weights")  # pools by tag (issue 22)
 """
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence, Union
 
 __all__ = [
     "__version__", "GraphallocError", "library", "library_path", "cli_path", "has_function", "stats", "stats_json",
     "snapshot_json", "snapshot", "record_history", "empty_cache", "set_memory_fraction", "reset_peak_stats",
     "reset_accumulated_stats", "record_stream", "malloc", "free", "last_error", "pool_create", "pool_retain",
-    "pool_release", "pool_stats", "pool_empty_cache", "allocate_to_pool",
+    "pool_release", "pool_stats", "pool_empty_cache", "allocate_to_pool", "sleep", "wake", "pool_sleep",
+    "pool_wake", "pool_sleep_state",
 ]
 
 # graphalloc_status codes (allocator/c_api/graphalloc.h).
@@ -174,6 +176,14 @@ def _declare(lib: ctypes.CDLL) -> None:
         "graphalloc_end_route": (ctypes.c_int, [c_u64]),
         "graphalloc_pool_get_stats": (ctypes.c_int, [ctypes.c_int, c_u64, ctypes.POINTER(PoolStats)]),
         "graphalloc_pool_empty_cache": (ctypes.c_int, [ctypes.c_int, c_u64]),
+        "graphalloc_pool_create_with_tag": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(PoolOptions),
+                                                           ctypes.c_char_p, c_u64_p]),
+        "graphalloc_sleep": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]),
+        "graphalloc_wake": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
+        "graphalloc_pool_sleep": (ctypes.c_int, [ctypes.c_int, c_u64, ctypes.c_int]),
+        "graphalloc_pool_wake": (ctypes.c_int, [ctypes.c_int, c_u64]),
+        "graphalloc_pool_sleep_state": (ctypes.c_int, [ctypes.c_int, c_u64, ctypes.POINTER(ctypes.c_int),
+                                                       c_size_p, c_size_p]),
     }
     for name, (restype, argtypes) in sigs.items():
         if hasattr(lib, name):
@@ -333,12 +343,21 @@ def _pool_function(name: str):
     return getattr(lib, name)
 
 
-def pool_create(device: int = 0, use_on_oom: bool = False, no_split: bool = False) -> int:
-    """A new private pool on `device`; returns its id, with one reference held (pool_release drops it)."""
+def pool_create(device: int = 0, use_on_oom: bool = False, no_split: bool = False,
+                tag: Optional[str] = None) -> int:
+    """A new private pool on `device`; returns its id, with one reference held (pool_release drops it).
+
+    `tag` (None or "": none) names the pool for ``sleep(tags=...)`` and ``wake(tags=...)``; several pools may
+    share a tag."""
     out = ctypes.c_uint64(0)
     options = PoolOptions(1 if use_on_oom else 0, 1 if no_split else 0)
-    _check("graphalloc_pool_create",
-           _pool_function("graphalloc_pool_create")(int(device), ctypes.byref(options), ctypes.byref(out)))
+    if tag:
+        _check("graphalloc_pool_create_with_tag",
+               _sleep_function("graphalloc_pool_create_with_tag")(int(device), ctypes.byref(options),
+                                                                  _tag_bytes(tag), ctypes.byref(out)))
+    else:
+        _check("graphalloc_pool_create",
+               _pool_function("graphalloc_pool_create")(int(device), ctypes.byref(options), ctypes.byref(out)))
     return out.value
 
 
@@ -386,6 +405,107 @@ class allocate_to_pool:  # noqa: N801 - used as a context manager, like torch.cu
         route, self.route = self.route, None
         if route is not None:
             _check("graphalloc_end_route", _pool_function("graphalloc_end_route")(route))
+
+
+# ---- sleep and wake (allocator/c_api/graphalloc.h, allocator/pool_sleep.h) ----
+
+def _sleep_function(name: str):
+    lib = library()
+    if not hasattr(lib, name):
+        raise NotImplementedError(f"{_lib_path} does not export {name}: rebuild graphalloc_shared from a newer "
+                                  "checkout (sleep and wake)")
+    return getattr(lib, name)
+
+
+def _tag_bytes(tag: str) -> bytes:
+    if not isinstance(tag, str):
+        raise TypeError(f"graphalloc: a pool tag is a str, not {type(tag).__name__}")
+    return tag.encode("utf-8")
+
+
+def _tag_list(tags: Union[None, str, Sequence[str]]) -> Optional[List[str]]:
+    """None (the whole allocator), or the tags in order, each once; a str is one tag."""
+    if tags is None:
+        return None
+    if isinstance(tags, str):
+        tags = [tags]
+    out: List[str] = []
+    for t in tags:
+        _tag_bytes(t)
+        if t == "":
+            raise ValueError("graphalloc: an empty tag names no pool (tags=None means the whole allocator)")
+        if t not in out:
+            out.append(t)
+    if not out:
+        raise ValueError("graphalloc: tags is empty (tags=None means the whole allocator)")
+    return out
+
+
+def _for_each_tag(function: str, tags: List[str], call, done_word: str) -> None:
+    """Calls call(tag) for each tag in order; on an error, raises it saying which tags were already done."""
+    done: List[str] = []
+    for t in tags:
+        code = call(_tag_bytes(t))
+        if code != OK:
+            message = last_error()
+            if done:
+                message += f" (the tags before it are {done_word} now: {', '.join(repr(d) for d in done)})"
+            raise GraphallocError(function, code, message)
+        done.append(t)
+
+
+def sleep(tags: Union[None, str, Sequence[str]] = None, backup: bool = False, device: int = 0) -> None:
+    """Puts pools of `device` to sleep: their device memory goes back to the device while every allocation
+    keeps its address (pointers and CUDA graphs stay valid across a ``wake``).
+
+    tags=None sleeps the whole allocator (the default pool and every private pool); a str or a list of str
+    sleeps the pools created with those tags (``pool_create(tag=...)``; a tag no pool has raises
+    INVALID_ARGUMENT). backup=True copies the live allocations to pinned host memory and back at the wake;
+    backup=False discards them. Pools asleep already stay so. While a pool sleeps, allocations routed to it
+    raise GraphallocError (FAILED_PRECONDITION, naming the pool); frees are allowed. Each tag is one
+    graphalloc_sleep call, which leaves its pools as they were when it fails; with several tags, the error
+    names the tags already asleep (they stay asleep).
+    """
+    f = _sleep_function("graphalloc_sleep")
+    flag = 1 if backup else 0
+    tag_list = _tag_list(tags)
+    if tag_list is None:
+        _check("graphalloc_sleep", f(int(device), None, flag))
+        return
+    _for_each_tag("graphalloc_sleep", tag_list, lambda t: f(int(device), t, flag), "asleep")
+
+
+def wake(tags: Union[None, str, Sequence[str]] = None, device: int = 0) -> None:
+    """Wakes sleeping pools of `device` at the same addresses (restoring their backups): tags=None every
+    sleeping pool, a str or a list of str those with the tags. Awake pools stay as they are."""
+    f = _sleep_function("graphalloc_wake")
+    tag_list = _tag_list(tags)
+    if tag_list is None:
+        _check("graphalloc_wake", f(int(device), None))
+        return
+    _for_each_tag("graphalloc_wake", tag_list, lambda t: f(int(device), t), "awake")
+
+
+def pool_sleep(pool: int, backup: bool = False, device: int = 0) -> None:
+    """Puts one pool to sleep (pool 0: the default pool), as ``sleep``."""
+    _check("graphalloc_pool_sleep",
+           _sleep_function("graphalloc_pool_sleep")(int(device), int(pool), 1 if backup else 0))
+
+
+def pool_wake(pool: int, device: int = 0) -> None:
+    """Wakes one pool (pool 0: the default pool), as ``wake``."""
+    _check("graphalloc_pool_wake", _sleep_function("graphalloc_pool_wake")(int(device), int(pool)))
+
+
+def pool_sleep_state(pool: int = 0, device: int = 0) -> dict:
+    """Whether `pool` (0: the default pool) sleeps: {"asleep": bool, "sleeping_bytes": bytes of its address
+    space whose memory is asleep, "backup_bytes": pinned host bytes of its backup}."""
+    asleep = ctypes.c_int(0)
+    sleeping, backup = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _check("graphalloc_pool_sleep_state",
+           _sleep_function("graphalloc_pool_sleep_state")(int(device), int(pool), ctypes.byref(asleep),
+                                                           ctypes.byref(sleeping), ctypes.byref(backup)))
+    return {"asleep": bool(asleep.value), "sleeping_bytes": sleeping.value, "backup_bytes": backup.value}
 
 
 def cli_path() -> Optional[str]:
