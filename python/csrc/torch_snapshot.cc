@@ -70,8 +70,6 @@ Action TorchAction(HistoryAction action) {
 
 // ---- Segments
 
-// One PyTorch segment: [begin, end) of `seg` (the whole segment, or one contiguous mapped run of an
-// expandable one), with the blocks clipped to it so that they tile it exactly, as memory_viz requires.
 // The requested size PyTorch shows on a free block: its Block object keeps that of the last allocation whose
 // free merged into it. graphalloc forgets requested sizes on free, so while history is recorded the newest
 // freed allocation inside the block stands in (the same one but for splits since); 0 without history.
@@ -101,6 +99,8 @@ class FreedRequests {
   std::map<std::uint64_t, Freed> newest_;  // by address: the newest free there
 };
 
+// One PyTorch segment: [begin, end) of `seg` (the whole segment, or one contiguous mapped run of an
+// expandable one), with the blocks clipped to it so that they tile it exactly, as memory_viz requires.
 cca::SegmentInfo MakeSegment(const DeviceSnapshotInput& in, const SegmentSnapshot& seg, c10::MempoolId_t pool,
                              std::uint64_t begin, std::uint64_t end, const TorchHistory& history,
                              const FreedRequests& freed) {

@@ -335,12 +335,17 @@ def free(ptr: int, device: int = 0) -> None:
 
 # ---- private pools (allocator/c_api/graphalloc.h) ----
 
-def _pool_function(name: str):
+def _exported(name: str, feature: str):
+    """The library's function `name`, or NotImplementedError naming `feature` when the library predates it."""
     lib = library()
     if not hasattr(lib, name):
         raise NotImplementedError(f"{_lib_path} does not export {name}: rebuild graphalloc_shared from a newer "
-                                  "checkout (private pools)")
+                                  f"checkout ({feature})")
     return getattr(lib, name)
+
+
+def _pool_function(name: str):
+    return _exported(name, "private pools")
 
 
 def pool_create(device: int = 0, use_on_oom: bool = False, no_split: bool = False,
@@ -410,11 +415,7 @@ class allocate_to_pool:  # noqa: N801 - used as a context manager, like torch.cu
 # ---- sleep and wake (allocator/c_api/graphalloc.h, allocator/pool_sleep.h) ----
 
 def _sleep_function(name: str):
-    lib = library()
-    if not hasattr(lib, name):
-        raise NotImplementedError(f"{_lib_path} does not export {name}: rebuild graphalloc_shared from a newer "
-                                  "checkout (sleep and wake)")
-    return getattr(lib, name)
+    return _exported(name, "sleep and wake")
 
 
 def _tag_bytes(tag: str) -> bytes:

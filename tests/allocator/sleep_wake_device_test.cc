@@ -3,6 +3,7 @@
 // graph captured before the first sleep replaying after every wake. What only the simulated device can show
 // (outstanding driver objects, injected failures) is in sleep_wake_test.cc.
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,7 +27,6 @@ class SleepWakeDeviceTest : public testing::AllocatorFixture {
     Config config;
     config.expandable_segments = true;
     GRAPHALLOC_ALLOCATOR_SETUP(config);
-    pools_.reserve(4);
   }
   void TearDown() override {
     pools_.clear();
@@ -64,7 +64,7 @@ class SleepWakeDeviceTest : public testing::AllocatorFixture {
     return request;
   }
 
-  std::vector<PrivatePool> pools_;
+  std::deque<PrivatePool> pools_;  // NewPool returns references into it
 };
 
 TEST_F(SleepWakeDeviceTest, WeightsBackedUpAndACacheDiscardedKeepTheirAddressesOverTwentyCycles) {

@@ -213,63 +213,60 @@ class BackendApiTest(unittest.TestCase):
         print("getBaseAllocation:", base, flush=True)
         self.assertIn(x.data_ptr(), base if isinstance(base, (tuple, list)) else (base,))
 
-    def test_cudnn_benchmark_training(self):
-        # cuDNN's benchmark mode asks the allocator for its largest free block (cacheInfo).
+    def train_under_cudnn_benchmark(self, model, x, y, opt, steps=6):
+        """Losses of `steps` SGD steps on one batch with cuDNN's benchmark mode on (each algorithm trial asks
+        cacheInfo how much workspace it may take)."""
         torch = self.torch
-        nn = torch.nn
         old = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = True
         try:
-            torch.manual_seed(0)
-            model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-                                  nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
-                                  nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).cuda()
-            opt = torch.optim.SGD(model.parameters(), lr=0.05)
-            x = torch.randn(32, 3, 64, 64, device="cuda")
-            y = torch.randint(0, 10, (32,), device="cuda")
             losses = []
-            for _ in range(6):
-                loss = nn.functional.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                losses.append(float(loss))
-            print("cudnn.benchmark losses:", losses, flush=True)
-            self.assertTrue(all(l == l and l < 100 for l in losses), losses)
-            self.assertLess(losses[-1], losses[0])
-        finally:
-            torch.backends.cudnn.benchmark = old
-
-    def test_cudnn_benchmark_trains_resnet50(self):
-        # The issue's model: torchvision's ResNet-50 with cuDNN choosing algorithms by timing them, each
-        # trial asking cacheInfo how much workspace it may take. Training must run and learn.
-        torch = self.torch
-        try:
-            import torchvision
-        except ImportError:
-            self.skipTest("torchvision is not installed")
-        old = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = True
-        try:
-            torch.manual_seed(0)
-            model = torchvision.models.resnet50(weights=None).cuda()
-            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            x = torch.randn(16, 3, 224, 224, device="cuda")
-            y = torch.randint(0, 1000, (16,), device="cuda")
-            losses = []
-            for _ in range(6):
+            for _ in range(steps):
                 loss = torch.nn.functional.cross_entropy(model(x), y)
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 losses.append(float(loss))
-            print("ResNet-50 cudnn.benchmark losses:", losses, flush=True)
-            self.assertTrue(all(l == l and l < 100 for l in losses), losses)
-            self.assertLess(losses[-1], losses[0])
-            self.assertEqual(torch.cuda.get_allocator_backend(), "graphalloc")
+            return losses
         finally:
             torch.backends.cudnn.benchmark = old
+
+    def test_cudnn_benchmark_training(self):
+        torch = self.torch
+        nn = torch.nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                              nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10)).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        x = torch.randn(32, 3, 64, 64, device="cuda")
+        y = torch.randint(0, 10, (32,), device="cuda")
+        losses = self.train_under_cudnn_benchmark(model, x, y, opt)
+        print("cudnn.benchmark losses:", losses, flush=True)
+        self.assertTrue(all(l == l and l < 100 for l in losses), losses)
+        self.assertLess(losses[-1], losses[0])
+
+    def test_cudnn_benchmark_trains_resnet50(self):
+        # The issue's model: torchvision's ResNet-50. Training must run and learn.
+        torch = self.torch
+        try:
+            import torchvision
+        except ImportError:
+            self.skipTest("torchvision is not installed")
+        torch.manual_seed(0)
+        model = torchvision.models.resnet50(weights=None).cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x = torch.randn(16, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (16,), device="cuda")
+        try:
+            losses = self.train_under_cudnn_benchmark(model, x, y, opt)
+        finally:
+            del model, opt, x, y
             torch.cuda.empty_cache()
+        print("ResNet-50 cudnn.benchmark losses:", losses, flush=True)
+        self.assertTrue(all(l == l and l < 100 for l in losses), losses)
+        self.assertLess(losses[-1], losses[0])
+        self.assertEqual(torch.cuda.get_allocator_backend(), "graphalloc")
 
     def test_ipc_share_is_refused_clearly(self):
         torch = self.torch
