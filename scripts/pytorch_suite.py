@@ -1007,8 +1007,11 @@ def self_test() -> int:
         print(("ok   " if cond else "FAIL ") + what, flush=True)
         ok = ok and bool(cond)
 
+    outs = []
+
     def suite_run(extra, slow):
         out = Path(tempfile.mkdtemp(prefix="suite_selftest_out_"))
+        outs.append(out)
         os.environ["GRAPHALLOC_SUITE_FAKE_SLOW"] = "1" if slow else "0"
         args = parse_args(["--fake", "--out", str(out), "--jobs", "3", "--test-timeout-s", "3",
                            "--exclusive-regex", "oom", "--rerun-jobs", "2", "--min-start-s", "1"] + extra)
@@ -1065,6 +1068,9 @@ def self_test() -> int:
           'RuntimeError: boom\nmore text\n(at File "x.py", line 3, in f)', "first_lines")
     check(first_lines("worker exited with -11 during this test; its output ended:\na\nb\nSegmentation fault")
           .endswith("Segmentation fault"), "first_lines of a crash")
+    if ok:  # a failed self-test keeps its output folders, to look at
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)
     return 0 if ok else 1
 
 

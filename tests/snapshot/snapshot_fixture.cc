@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -13,6 +15,33 @@ namespace graphalloc::testing {
 namespace {
 
 constexpr std::uint64_t kMiB = 1 << 20;
+
+// Removes the directories TestDir() made for a test when it passes; a failed test's files stay, to look at.
+class RemoveDirsOfPassedTests final : public ::testing::EmptyTestEventListener {
+ public:
+  void Add(std::filesystem::path dir) { dirs_.push_back(std::move(dir)); }
+
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (info.result()->Passed()) {
+      std::error_code ignored;
+      for (const std::filesystem::path& dir : dirs_) std::filesystem::remove_all(dir, ignored);
+    }
+    dirs_.clear();
+  }
+
+ private:
+  std::vector<std::filesystem::path> dirs_;
+};
+
+RemoveDirsOfPassedTests& Cleaner() {
+  // Owned by GoogleTest's listener list once appended (it deletes its listeners at exit).
+  static RemoveDirsOfPassedTests* cleaner = [] {
+    auto* listener = new RemoveDirsOfPassedTests;
+    ::testing::UnitTest::GetInstance()->listeners().Append(listener);
+    return listener;
+  }();
+  return *cleaner;
+}
 
 std::vector<Frame> Stack(const std::string& fn, int line) {
   return {{"graphalloc::CachingAllocator::Allocate", "libgraphalloc.so", 0},
@@ -120,6 +149,7 @@ std::string TestDir() {
       absl::StrCat("graphalloc_snapshot_", getpid(), "_", info->test_suite_name(), "_", info->name());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  Cleaner().Add(dir);
   return dir.string();
 }
 

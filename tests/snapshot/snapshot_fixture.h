@@ -14,7 +14,8 @@ namespace graphalloc::testing {
 MemorySnapshot MakeFixtureSnapshot();
 inline constexpr int kFixtureBlocks = 10;
 
-// A fresh, empty directory for the calling test's files (under TEST_TMPDIR or /tmp).
+// A fresh, empty directory for the calling test's files (under TEST_TMPDIR or /tmp); removed when the test
+// passes, kept when it fails.
 std::string TestDir();
 
 }  // namespace graphalloc::testing
