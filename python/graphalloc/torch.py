@@ -56,7 +56,7 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "set_per_process_memory_fraction", "record_stream", "record_history",
     "snapshot", "dump_snapshot", "export_torch", "config", "library_path", "graph_pool_id", "graph_pool_stats",
-    "open_capture_routes", "GraphCaptureUnsupported", "InstallError", "backend",
+    "open_capture_routes", "GraphCaptureUnsupported", "InstallError", "backend", "sleep", "wake", "sleep_state",
 ]
 
 _state_lock = threading.Lock()
@@ -623,6 +623,70 @@ def record_stream(tensor, stream) -> None:
     PyTorch builds without the hook. Use the tensor's storage base pointer (what the allocator handed out)."""
     ptr = tensor.untyped_storage().data_ptr()
     _ga.record_stream(ptr, int(stream.cuda_stream), _device_index(tensor.device))
+
+
+# ---- sleep and wake of PyTorch's pools (graphalloc.sleep / graphalloc.wake) ----
+
+def _graphalloc_pools(pools, device: int) -> List[int]:
+    """The graphalloc pool ids behind `pools`: one PyTorch pool or a list of them, each a torch.cuda.MemPool
+    or a PyTorch pool id (MemPool.id, CUDAGraph.pool(), torch.cuda.graph_pool_handle()); (0, 0) is the
+    default pool."""
+    if isinstance(pools, tuple) and len(pools) == 2 and all(isinstance(x, int) for x in pools):
+        pools = [pools]
+    elif not isinstance(pools, (list, tuple)):
+        pools = [pools]
+    ids = []
+    for pool in pools:
+        key = tuple(int(x) for x in (pool.id if hasattr(pool, "id") else pool))
+        if key == (0, 0):
+            ids.append(0)
+            continue
+        ga_pool = graph_pool_id(key, device)
+        if ga_pool is None:
+            raise ValueError(f"PyTorch pool {key} of cuda:{device} has no graphalloc pool: nothing was allocated "
+                             "in it yet, or PyTorch released every reference to it")
+        ids.append(ga_pool)
+    return ids
+
+
+def sleep(pools=None, backup: bool = False, device=None) -> None:
+    """Gives the device memory of PyTorch's pools back to the device, keeping every tensor's address: tensors
+    stay valid to hold (not to touch) and CUDA graphs captured before stay valid to replay after ``wake``.
+
+    pools=None: the whole allocator of `device` (every tensor, every CUDA graph pool, torch.compile's
+    included, and every MemPool); else a torch.cuda.MemPool, a PyTorch pool id (MemPool.id,
+    CUDAGraph.pool(), torch.cuda.graph_pool_handle()) or a list of them. backup=True copies the tensors'
+    contents to pinned host memory and back at the wake; backup=False discards them (a KV cache, say). Pools
+    asleep already stay so, so ``sleep(kv_pool)`` then ``sleep(backup=True)`` discards one pool and keeps
+    the rest. While a pool sleeps, allocating from it raises (run no PyTorch work that allocates there);
+    freeing its tensors is allowed. The sleep waits for the work queued on the device first; it is refused
+    during a capture. A list of pools is one graphalloc call per pool: when one fails, the error says so and
+    those before it stay asleep."""
+    idx = _device_index(device)
+    if pools is None:
+        _ga.sleep(None, backup=backup, device=idx)
+        return
+    for ga_pool in _graphalloc_pools(pools, idx):
+        _ga.pool_sleep(ga_pool, backup=backup, device=idx)
+
+
+def wake(pools=None, device=None) -> None:
+    """Maps fresh device memory under sleeping pools at the same addresses, restoring backups (pools as in
+    ``sleep``; None: every sleeping pool of `device`). Awake pools stay as they are."""
+    idx = _device_index(device)
+    if pools is None:
+        _ga.wake(None, device=idx)
+        return
+    for ga_pool in _graphalloc_pools(pools, idx):
+        _ga.pool_wake(ga_pool, device=idx)
+
+
+def sleep_state(pool=None, device=None) -> Dict[str, Any]:
+    """Whether a PyTorch pool (None: the default pool) sleeps: {"asleep", "sleeping_bytes", "backup_bytes"}
+    (graphalloc.pool_sleep_state)."""
+    idx = _device_index(device)
+    ga_pool = 0 if pool is None else _graphalloc_pools(pool, idx)[0]
+    return _ga.pool_sleep_state(ga_pool, device=idx)
 
 
 # ---- history and snapshots ----
