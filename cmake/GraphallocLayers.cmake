@@ -29,6 +29,12 @@ function(graphalloc_layer name)
   set(target graphalloc_${name})
   add_library(${target} OBJECT ${L_SOURCES})
   graphalloc_set_warnings(${target})
+  # Position-independent code (for libgraphalloc.so) lets another library interpose any global function,
+  # so GCC would neither inline nor specialise one inside its own translation unit and would call it
+  # through the PLT: the hot path's small steps (a free's statistics, a split) became calls of their own
+  # once the core was split into parts. Nothing may interpose graphalloc's internals (the version script
+  # exports only the API), so the compiler may treat each definition as final.
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANG_AND_ID:CXX,GNU,Clang>:-fno-semantic-interposition>)
   target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${GRAPHALLOC_INCLUDE_ROOT}>)
   target_compile_features(${target} PUBLIC cxx_std_20)
   get_property(defined GLOBAL PROPERTY GRAPHALLOC_LAYER_NAMES)
