@@ -72,8 +72,8 @@
 namespace graphalloc {
 namespace {
 
-using bench::CallTotals;
-using bench::DriverCall;
+using bench::PhaseReset;
+using bench::ReportSplit;
 using bench::TimedDriver;
 using Phase = TimedDriver::Phase;
 
@@ -95,41 +95,6 @@ enum class RawMode { kFresh, kSettled, kReuse };
 std::size_t Reservation(const Driver& driver) {
   const std::size_t g = driver.Info().granularity;
   return (driver.Info().total_memory + g - 1) / g * g;
-}
-
-// Leaves the wrapper recording nothing when a benchmark ends, however it ends.
-struct PhaseReset {
-  TimedDriver* timed;
-  ~PhaseReset() {
-    if (timed != nullptr) timed->SetPhase(Phase::kNone);
-  }
-};
-
-// The per-iteration counters described at the top, from the wrapper's totals and the timed part's clocks.
-void ReportSplit(benchmark::State& state, const TimedDriver& timed, std::int64_t timed_wall_ns,
-                 std::int64_t timed_cpu_ns) {
-  if (state.iterations() == 0) return;
-  const double n = static_cast<double>(state.iterations());
-  auto us = [n](std::int64_t ns) { return static_cast<double>(ns) / 1e3 / n; };
-  for (int k = 0; k < bench::kDriverCallKinds; ++k) {
-    const auto call = static_cast<DriverCall>(k);
-    const std::string name = bench::DriverCallName(call);
-    const CallTotals& t = timed.Totals(Phase::kTimed, call);
-    if (t.calls != 0) {
-      state.counters[name + "_n"] = static_cast<double>(t.calls) / n;
-      state.counters[name + "_us"] = us(t.wall_ns);
-      state.counters[name + "_cpu_us"] = us(t.cpu_ns);
-    }
-    const CallTotals& td = timed.Totals(Phase::kTeardown, call);
-    if (td.calls != 0) state.counters["td_" + name + "_us"] = us(td.wall_ns);
-  }
-  const CallTotals driver = timed.Sum(Phase::kTimed);
-  state.counters["timed_us"] = us(timed_wall_ns);
-  state.counters["timed_cpu_us"] = us(timed_cpu_ns);
-  state.counters["driver_us"] = us(driver.wall_ns);
-  state.counters["driver_cpu_us"] = us(driver.cpu_ns);
-  state.counters["rest_us"] = us(timed_wall_ns - driver.wall_ns);
-  state.counters["rest_cpu_us"] = us(timed_cpu_ns - driver.cpu_ns);
 }
 
 void BM_Grow(benchmark::State& state, const Device* device, std::size_t step, bool reserved, GrowMode mode) {

@@ -1,21 +1,23 @@
 // A Driver decorator for benchmarks: forwards every call to the wrapped driver (ForwardingDriver) and, while
-// a phase is selected, counts the calls an allocator's growth and release are made of, by kind, with their
-// wall-clock and thread CPU time: the VMM calls, the synchronizations, and the plain device allocations
-// and memory queries (kOther). Benchmarks use it to split an allocator's time by driver call (how much of
-// a growth is cuMemCreate, cuMemSetAccess, ...; wall time well above CPU time means the calling thread
-// sleeps inside the driver, waiting for the GPU). Every other call (streams, events, copies, graphs) is
-// forwarded untimed.
+// a phase is selected, counts the calls an allocator's growth, release, sleep and wake are made of, by
+// kind, with their wall-clock and thread CPU time: the VMM calls, the synchronizations, pinned host memory
+// and copies (a sleep's backup), and the plain device allocations and memory queries (kOther). Benchmarks
+// use it to split an allocator's time by driver call (how much of a growth is cuMemCreate,
+// cuMemSetAccess, ...; wall time well above CPU time means the calling thread sleeps inside the driver,
+// waiting for the GPU). Every other call (streams, events, memsets, graphs) is forwarded untimed.
 //
 // Cost: two steady_clock and two CLOCK_THREAD_CPUTIME_ID reads per recorded call (well under a
 // microsecond, against the tens of microseconds of a VMM call), and a virtual call. Nothing of this is in
 // the library: the allocator is measured through it only where a benchmark says so (expandable_bench's
-// *_split variants; its plain variants use the bare driver, so the two can be compared).
+// *_split variants, whose plain variants use the bare driver, so the two can be compared; all of
+// sleep_wake_bench, whose bare-driver baselines go through it too).
 //
 // The totals are plain counters, not atomics: for single-threaded benchmarks only (the forwarding itself
 // is as thread-safe as the wrapped driver).
 #ifndef GRAPHALLOC_BENCH_TIMED_DRIVER_H_
 #define GRAPHALLOC_BENCH_TIMED_DRIVER_H_
 
+#include <benchmark/benchmark.h>
 #include <time.h>
 
 #include <array>
@@ -23,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 
 #include "graphalloc/allocator/device/forwarding_driver.h"
@@ -30,7 +33,9 @@
 namespace graphalloc::bench {
 
 // The call kinds told apart. kSync: StreamSynchronize, DeviceSynchronize, EventSynchronize (and
-// EventQuery, which polls the same thing); kOther: MemAlloc, MemFree, GetMemoryInfo.
+// EventQuery, which polls the same thing); kOther: MemAlloc, MemFree, GetMemoryInfo; kCopy: CopyAsync,
+// CopyHostToDevice, CopyDeviceToHost (an async copy's wall time is its enqueueing: the wait for it lands in
+// the kSync that follows).
 enum class DriverCall : int {
   kAddressReserve,
   kAddressFree,
@@ -41,15 +46,19 @@ enum class DriverCall : int {
   kMemSetAccess,
   kSync,
   kOther,
+  kHostAlloc,
+  kHostFree,
+  kCopy,
   kCount,
 };
 inline constexpr int kDriverCallKinds = static_cast<int>(DriverCall::kCount);
 
 // Short names for counters: "reserve", "addr_free", "create", "release", "map", "unmap", "access",
-// "sync", "other".
+// "sync", "other", "host_alloc", "host_free", "copy".
 inline const char* DriverCallName(DriverCall call) {
   static constexpr std::array<const char*, kDriverCallKinds> kNames = {
-      "reserve", "addr_free", "create", "release", "map", "unmap", "access", "sync", "other"};
+      "reserve", "addr_free", "create", "release",    "map",       "unmap",
+      "access",  "sync",      "other",  "host_alloc", "host_free", "copy"};
   return kNames[static_cast<std::size_t>(call)];
 }
 
@@ -138,6 +147,21 @@ class TimedDriver final : public ForwardingDriver {
   absl::StatusOr<MemoryInfo> GetMemoryInfo() override {
     return Time(DriverCall::kOther, [&] { return ForwardingDriver::GetMemoryInfo(); });
   }
+  absl::StatusOr<void*> HostAlloc(std::size_t size) override {
+    return Time(DriverCall::kHostAlloc, [&] { return ForwardingDriver::HostAlloc(size); });
+  }
+  absl::Status HostFree(void* ptr) override {
+    return Time(DriverCall::kHostFree, [&] { return ForwardingDriver::HostFree(ptr); });
+  }
+  absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override {
+    return Time(DriverCall::kCopy, [&] { return ForwardingDriver::CopyHostToDevice(dst, src, bytes); });
+  }
+  absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override {
+    return Time(DriverCall::kCopy, [&] { return ForwardingDriver::CopyDeviceToHost(dst, src, bytes); });
+  }
+  absl::Status CopyAsync(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream) override {
+    return Time(DriverCall::kCopy, [&] { return ForwardingDriver::CopyAsync(dst, src, bytes, stream); });
+  }
 
  private:
   template <class F>
@@ -158,6 +182,46 @@ class TimedDriver final : public ForwardingDriver {
   Phase phase_ = Phase::kNone;
   std::array<std::array<CallTotals, kDriverCallKinds>, 2> totals_{};
 };
+
+// Leaves the wrapper recording nothing when a benchmark ends, however it ends.
+struct PhaseReset {
+  TimedDriver* timed;
+  ~PhaseReset() {
+    if (timed != nullptr) timed->SetPhase(TimedDriver::Phase::kNone);
+  }
+};
+
+// Per-iteration counters from the wrapper's totals and the timed part's own clocks (`timed_wall_ns`,
+// `timed_cpu_ns`, summed over the iterations): for each kind called, <call>_n, <call>_us, <call>_cpu_us
+// of the timed phase and td_<call>_us of the teardown phase; timed_us, timed_cpu_us; driver_us,
+// driver_cpu_us (the timed kinds summed); rest_us, rest_cpu_us (timed minus driver: the caller's own
+// work).
+inline void ReportSplit(benchmark::State& state, const TimedDriver& timed, std::int64_t timed_wall_ns,
+                        std::int64_t timed_cpu_ns) {
+  using Phase = TimedDriver::Phase;
+  if (state.iterations() == 0) return;
+  const double n = static_cast<double>(state.iterations());
+  auto us = [n](std::int64_t ns) { return static_cast<double>(ns) / 1e3 / n; };
+  for (int k = 0; k < kDriverCallKinds; ++k) {
+    const auto call = static_cast<DriverCall>(k);
+    const std::string name = DriverCallName(call);
+    const CallTotals& t = timed.Totals(Phase::kTimed, call);
+    if (t.calls != 0) {
+      state.counters[name + "_n"] = static_cast<double>(t.calls) / n;
+      state.counters[name + "_us"] = us(t.wall_ns);
+      state.counters[name + "_cpu_us"] = us(t.cpu_ns);
+    }
+    const CallTotals& td = timed.Totals(Phase::kTeardown, call);
+    if (td.calls != 0) state.counters["td_" + name + "_us"] = us(td.wall_ns);
+  }
+  const CallTotals driver = timed.Sum(Phase::kTimed);
+  state.counters["timed_us"] = us(timed_wall_ns);
+  state.counters["timed_cpu_us"] = us(timed_cpu_ns);
+  state.counters["driver_us"] = us(driver.wall_ns);
+  state.counters["driver_cpu_us"] = us(driver.cpu_ns);
+  state.counters["rest_us"] = us(timed_wall_ns - driver.wall_ns);
+  state.counters["rest_cpu_us"] = us(timed_cpu_ns - driver.cpu_ns);
+}
 
 }  // namespace graphalloc::bench
 
