@@ -1,5 +1,6 @@
 #include "graphalloc/allocator/block_cache.h"
 
+#include "absl/base/attributes.h"
 #include "graphalloc/allocator/size_policy.h"
 
 namespace graphalloc {
@@ -11,6 +12,12 @@ bool Mergeable(const Block* dst, const Block* src) {
 }
 
 }  // namespace
+
+// The steps of an allocation and a free below are functions of their own to be read one at a time, and some
+// are called from other files too; here they are inlined into the hot path (HOT), which saves a call per
+// step: a few percent of a churn operation (bench/allocator_bench), whose steps are each a few
+// nanoseconds. Callers in other files still call the out-of-line copy.
+#define HOT ABSL_ATTRIBUTE_ALWAYS_INLINE
 
 BlockCache::BlockCache(const Config& config, HistoryRing& history)
     : max_split_size_(config.max_split_size),
@@ -38,7 +45,7 @@ DevicePtr BlockCache::AllocateBestFit(StreamShard& shard, const AllocationReques
   return block != nullptr ? FinishAllocation(shard, pool, block, request) : 0;
 }
 
-Block* BlockCache::TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size) {
+HOT Block* BlockCache::TakeFreeBlock(StreamShard& shard, BlockPool& pool, std::size_t size) {
   ++pool.free_block_lookups;
   auto it = pool.LowerBound(size);
   if (it == pool.blocks.end()) return nullptr;
@@ -68,7 +75,7 @@ bool BlockCache::SplitsRest(const StreamShard& shard, bool small, bool expandabl
   return size < max_split_size_ && rest > kSmallSize;
 }
 
-DevicePtr BlockCache::FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block,
+HOT DevicePtr BlockCache::FinishAllocation(StreamShard& shard, BlockPool& pool, Block* block,
                                        const AllocationRequest& request) {
   const bool small = pool.is_small;
   const bool expandable = block->segment->expandable;
@@ -130,7 +137,7 @@ DevicePtr BlockCache::HandOutParked(StreamShard& shard, BlockPool& pool, Block* 
   return MarkAllocated(shard, block, pool.is_small, request);
 }
 
-DevicePtr BlockCache::MarkAllocated(StreamShard& shard, Block* block, bool small,
+HOT DevicePtr BlockCache::MarkAllocated(StreamShard& shard, Block* block, bool small,
                                     const AllocationRequest& request) {
   block->allocated = true;
   block->requested_size = request.requested;
@@ -151,13 +158,13 @@ void BlockCache::Free(StreamShard& shard, Block* block) {
   Release(shard, block);
 }
 
-void BlockCache::CountFreed(StreamShard& shard, const Block* block) {
+HOT void BlockCache::CountFreed(StreamShard& shard, const Block* block) {
   const stat_events::BlockFigures figures = FiguresOf(block, block->segment->pool->is_small);
   if (shard.pool != nullptr) shard.pool->AddAllocated(-figures.bytes, -1);
   stat_events::BlockFreed(shard.stats, figures);
 }
 
-void BlockCache::Release(StreamShard& shard, Block* block) {
+HOT void BlockCache::Release(StreamShard& shard, Block* block) {
   RecordBlockEvent(history_, HistoryAction::kFreeCompleted, block);
   block->requested_size = 0;  // kept while the free was pending, for the event above
   stat_events::BlockReleased(shard.stats, block->segment->pool->is_small,
@@ -165,7 +172,7 @@ void BlockCache::Release(StreamShard& shard, Block* block) {
   InsertFree(shard, block);
 }
 
-void BlockCache::InsertFree(StreamShard& shard, Block* block) {
+HOT void BlockCache::InsertFree(StreamShard& shard, Block* block) {
   BlockPool& pool = *block->segment->pool;
   // Only garbage collection reads the age (which shares its word with the requested size).
   if (track_free_age_) block->gc_count_base = pool.free_block_lookups;
@@ -249,7 +256,7 @@ BlockCache::FreeRun BlockCache::WalkFreeRun(const Block* block) {
 
 // ---- Carving. ----
 
-Block* BlockCache::SplitOff(StreamShard& shard, Block* b, DevicePtr at) {
+HOT Block* BlockCache::SplitOff(StreamShard& shard, Block* b, DevicePtr at) {
   Block* r = shard.arena.New();
   r->ptr = at;
   r->size = b->end() - at;
@@ -293,5 +300,7 @@ void BlockCache::ReturnToIndex(StreamShard& shard, Block* b) {
     pool.unmapped.emplace(b->ptr, b);
   }
 }
+
+#undef HOT
 
 }  // namespace graphalloc
