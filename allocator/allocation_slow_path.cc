@@ -343,7 +343,8 @@ absl::Status CachingAllocator::EmptyCache() {
   for (PoolId id : orphans) {
     if (absl::Status s = MaybeReleasePool(id); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  // The pinned host memory wakes kept for the next backed-up sleep is cached memory too.
+  return sleep_.FreeKeptBackups();
 }
 
 }  // namespace graphalloc

@@ -94,7 +94,8 @@ class CachingAllocator {
   // `stream` up to the Free() has completed.
   absl::Status RecordStream(DevicePtr ptr, Stream stream);
 
-  // Waits for outstanding stream events and returns every unused cached segment to the device.
+  // Waits for outstanding stream events and returns every unused cached segment to the device, and frees
+  // the pinned host memory wakes kept for the next backed-up sleep (pool_sleep.h).
   absl::Status EmptyCache();
 
   DeviceStats GetStats() const;

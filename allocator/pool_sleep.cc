@@ -41,6 +41,8 @@ struct PoolSleep::SleepJob {
     PoolId pool;
     void* host = nullptr;
     std::size_t size = 0;
+    std::size_t capacity = 0;  // of `host`
+    bool reused = false;       // `host` was kept by the pool's last wake
     std::vector<BackupRange> ranges;
   };
   std::vector<Target> targets;
@@ -67,6 +69,7 @@ struct PoolSleep::WakeJob {
   std::vector<Target> targets;
   std::vector<Chunk> chunks;
   std::vector<Restore> restores;
+  bool keep_backup_memory = true;
 };
 
 PoolSleep::PoolSleep(const Parts& parts)
@@ -85,12 +88,36 @@ PoolSleep::~PoolSleep() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   for (auto& [id, record] : records_) {
     if (record.backup != nullptr) (void)driver_.HostFree(record.backup);
   }
+  for (const auto& [id, kept] : kept_) (void)driver_.HostFree(kept.host);
   for (void* host : stray_backups_) (void)driver_.HostFree(host);
+}
+
+absl::Status PoolSleep::FreeKeptBackups() {
+  absl::btree_map<PoolId, KeptBackup> kept;
+  {
+    MutexLock lock(&device_mu_);
+    kept.swap(kept_);
+  }
+  absl::Status first_error;
+  for (auto& [id, buffer] : kept) {
+    absl::Status s = driver_.HostFree(buffer.host);
+    if (s.ok()) continue;
+    if (first_error.ok()) first_error = s;
+    MutexLock lock(&device_mu_);
+    kept_.emplace(id, buffer);
+  }
+  return first_error;
 }
 
 bool PoolSleep::InPool(const Segment* segment, PoolId pool) {
   const PoolState* state = segment->shard->pool;
   return state == nullptr ? pool == kDefaultPool : state->id == pool;
+}
+
+void PoolSleep::FreeBackup(void* host) {
+  if (driver_.HostFree(host).ok()) return;
+  MutexLock lock(&device_mu_);
+  stray_backups_.push_back(host);
 }
 
 void PoolSleep::MarkAsleep(PoolId pool, const std::string& tag) {
@@ -120,10 +147,11 @@ absl::Status PoolSleep::CheckAwake(PoolId pool) const {
 SleepState PoolSleep::StateOf(PoolId pool) const {
   device_mu_.AssertHeld();
   SleepState state;
+  if (auto kept = kept_.find(pool); kept != kept_.end()) state.backup_bytes = kept->second.capacity;
   auto it = records_.find(pool);
   if (it == records_.end()) return state;
   state.asleep = true;
-  state.backup_bytes = it->second.backup_size;
+  state.backup_bytes += it->second.backup_capacity;
   for (const auto& [base, segment] : segments_) {
     if (segment->vmm != nullptr && InPool(segment, pool))
       state.sleeping_bytes += segment->vmm->sleeping_bytes();
@@ -271,7 +299,7 @@ absl::Status PoolSleep::Prepare(const SleepRequest& request, std::vector<Target>
   }
   AllShardsLock lock(shards_, device_mu_);
   for (const Target& t : targets) {
-    SleepJob::Backup backup{t.id, nullptr, 0, {}};
+    SleepJob::Backup backup{t.id, nullptr, 0, 0, false, {}};
     for (const auto& [base, segment] : segments_) {
       if (!InPool(segment, t.id)) continue;
       if (!segment->expandable) {
@@ -300,12 +328,29 @@ absl::Status PoolSleep::BackUp(SleepJob& job) {
   absl::Status error;
   bool queued = false;
   for (SleepJob::Backup& b : job.backups) {
-    absl::StatusOr<void*> host = driver_.HostAlloc(b.size);
-    if (!host.ok()) {
-      error = host.status();
-      break;
+    KeptBackup kept;
+    {
+      MutexLock lock(&device_mu_);
+      if (auto it = kept_.find(b.pool); it != kept_.end()) {
+        kept = it->second;
+        kept_.erase(it);
+      }
     }
-    b.host = *host;
+    if (kept.host != nullptr && kept.capacity >= b.size) {
+      b.host = kept.host;
+      b.capacity = kept.capacity;
+      b.reused = true;
+    } else {
+      // Too small for what the pool holds now: a new buffer replaces it.
+      if (kept.host != nullptr) FreeBackup(kept.host);
+      absl::StatusOr<void*> host = driver_.HostAlloc(b.size);
+      if (!host.ok()) {
+        error = host.status();
+        break;
+      }
+      b.host = *host;
+      b.capacity = b.size;
+    }
     for (const BackupRange& r : b.ranges) {
       error = driver_.CopyAsync(reinterpret_cast<DevicePtr>(static_cast<char*>(b.host) + r.offset), r.ptr,
                                 r.size, kDefaultStream);
@@ -334,10 +379,12 @@ void PoolSleep::Abandon(SleepJob& job) {
   }
   for (SleepJob::Backup& b : job.backups) {
     if (b.host == nullptr) continue;
-    if (!driver_.HostFree(b.host).ok()) {
+    if (b.reused) {  // the pool's kept buffer, kept again
       MutexLock lock(&device_mu_);
-      stray_backups_.push_back(b.host);
+      kept_.emplace(b.pool, KeptBackup{b.host, b.capacity});
+      continue;
     }
+    FreeBackup(b.host);
   }
   {
     AllShardsLock lock(shards_, device_mu_);
@@ -371,11 +418,12 @@ void PoolSleep::UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status*
     }
   }
   for (const Target& t : job.targets) {
-    Record record{t.mode, t.tag, nullptr, 0, {}};
+    Record record{t.mode, t.tag, nullptr, 0, 0, {}};
     for (SleepJob::Backup& b : job.backups) {
       if (b.pool != t.id) continue;
       record.backup = b.host;
       record.backup_size = b.size;
+      record.backup_capacity = b.capacity;
       record.ranges = std::move(b.ranges);
       result->bytes_backed_up += b.size;
     }
@@ -401,6 +449,7 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
         "capture ends");
   }
   WakeJob job;
+  job.keep_backup_memory = request.keep_backup_memory;
   {
     AllShardsLock lock(shards_, device_mu_);
     absl::StatusOr<std::vector<Target>> targets = Resolve(request.scope, /*asleep=*/true);
@@ -527,7 +576,18 @@ void PoolSleep::SettleWake(WakeJob& job, WakeResult* result, absl::Status* error
         if (segment->vmm != nullptr && InPool(segment, t.id)) segment->vmm->set_asleep(false);
       }
       auto it = records_.find(t.id);
-      if (it->second.backup != nullptr) backups.push_back(it->second.backup);
+      const Record& record = it->second;
+      // A pool gone while asleep will not sleep again.
+      const bool keep = job.keep_backup_memory && (t.id == kDefaultPool || pools_.Find(t.id) != nullptr);
+      if (record.backup != nullptr && keep) {
+        if (auto old = kept_.find(t.id); old != kept_.end()) {  // cannot be: its sleep took it
+          backups.push_back(old->second.host);
+          kept_.erase(old);
+        }
+        kept_.emplace(t.id, KeptBackup{record.backup, record.backup_capacity});
+      } else if (record.backup != nullptr) {
+        backups.push_back(record.backup);
+      }
       records_.erase(it);
       result->pools.push_back(t.id);
     }
@@ -575,9 +635,11 @@ absl::Status PoolSleep::CheckInvariants() const {
       }
       bytes += r.size;
     }
-    if (bytes != record.backup_size || (bytes > 0) != (record.backup != nullptr)) {
-      return InvariantViolation(absl::StrFormat("the backup of %s holds %d bytes, its ranges %d",
-                                                PoolName(id, record.tag), record.backup_size, bytes));
+    if (bytes != record.backup_size || (bytes > 0) != (record.backup != nullptr) ||
+        record.backup_capacity < bytes) {
+      return InvariantViolation(absl::StrFormat("the backup of %s holds %d bytes in %d pinned, its ranges %d",
+                                                PoolName(id, record.tag), record.backup_size,
+                                                record.backup_capacity, bytes));
     }
     if (!IsAsleep(id)) {
       return InvariantViolation(absl::StrFormat("%s has a sleep record but allocations from it are allowed",

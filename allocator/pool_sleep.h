@@ -22,7 +22,14 @@
 //          2. restore the backed-up blocks still allocated; any failure of 1 or 2 unmaps what this wake
 //             mapped and leaves the pool asleep, its backup kept (a chunk whose undo the driver refuses
 //             stays mapped, asleep, and the next wake reuses it);
-//          3. account the chunks as mapped, free the backup, mark the pool awake.
+//          3. account the chunks as mapped, keep the backup's pinned memory for the next backed-up sleep
+//             (or free it: WakeRequest::keep_backup_memory), mark the pool awake.
+//
+// Pinning host memory costs far more than copying into it (about 0.5 s per GiB against 20 ms on an H200:
+// docs/benchmarks.md), so a pool that sleeps with a backup again and again, as a trainer and an inference
+// engine time-sharing a GPU do, pays it once: the wake keeps the pool's pinned buffer, and the next sleep
+// reuses it when it is large enough (else frees it and pins a new one). EmptyCache() frees every kept
+// buffer, as it frees cached device memory; so does the allocator's end.
 #ifndef GRAPHALLOC_ALLOCATOR_POOL_SLEEP_H_
 #define GRAPHALLOC_ALLOCATOR_POOL_SLEEP_H_
 
@@ -90,6 +97,9 @@ struct SleepResult {
 
 struct WakeRequest {
   SleepScope scope{};
+  // Keep each pool's pinned backup memory, once restored, for its next backed-up sleep (EmptyCache frees
+  // it); false frees it now.
+  bool keep_backup_memory = true;
 };
 
 struct WakeResult {
@@ -102,7 +112,9 @@ struct WakeResult {
 struct SleepState {
   bool asleep = false;
   std::size_t sleeping_bytes = 0;  // address space whose memory is asleep
-  std::size_t backup_bytes = 0;    // pinned host memory holding its backup
+  // Pinned host memory held for its backup: the backup while asleep, the buffer kept for the next
+  // backed-up sleep while awake (0 after EmptyCache).
+  std::size_t backup_bytes = 0;
 };
 
 class PoolSleep {
@@ -121,13 +133,17 @@ class PoolSleep {
     std::function<absl::Status(std::vector<Segment*>)> release_segments;
   };
   explicit PoolSleep(const Parts& parts);
-  // Frees every backup still held.
+  // Frees every backup and kept buffer still held.
   ~PoolSleep();
   PoolSleep(const PoolSleep&) = delete;
   PoolSleep& operator=(const PoolSleep&) = delete;
 
   absl::StatusOr<SleepResult> Sleep(const SleepRequest& request);
   absl::StatusOr<WakeResult> Wake(const WakeRequest& request);
+
+  // Frees the pinned buffers wakes kept (EmptyCache); those of sleeping pools stay. Returns the first
+  // error; a buffer the driver refuses to free stays kept.
+  absl::Status FreeKeptBackups();
 
   // Whether any pool sleeps; read on the allocation path before the exact (locked) question below.
   bool any_asleep() const { return asleep_count_.load(std::memory_order_relaxed) > 0; }
@@ -149,9 +165,15 @@ class PoolSleep {
   struct Record {
     SleepMode mode = SleepMode::kDiscard;
     std::string tag;
-    void* backup = nullptr;  // pinned host memory; null for kDiscard or nothing allocated
-    std::size_t backup_size = 0;
+    void* backup = nullptr;           // pinned host memory; null for kDiscard or nothing allocated
+    std::size_t backup_size = 0;      // bytes it holds
+    std::size_t backup_capacity = 0;  // bytes pinned (a reused buffer may be larger)
     std::vector<BackupRange> ranges;
+  };
+  // Pinned memory a wake kept for the pool's next backed-up sleep.
+  struct KeptBackup {
+    void* host = nullptr;
+    std::size_t capacity = 0;
   };
   struct Target;  // a pool in the scope of one call (pool_sleep.cc)
   struct SleepJob;
@@ -172,6 +194,8 @@ class PoolSleep {
   void UndoMaps(WakeJob& job);
   void SettleWake(WakeJob& job, WakeResult* result, absl::Status* error);
 
+  // Frees a backup's pinned memory; one the driver refuses to free is kept until the allocator's end.
+  void FreeBackup(void* host);
   void MarkAsleep(PoolId pool, const std::string& tag);
   void MarkAwake(PoolId pool);
   // Whether `segment` belongs to `pool`.
@@ -193,6 +217,8 @@ class PoolSleep {
   absl::btree_map<PoolId, Record> records_ ABSL_GUARDED_BY(device_mu_);
   // Backups the driver refused to free (HostFree failed); freed with the allocator.
   std::vector<void*> stray_backups_ ABSL_GUARDED_BY(device_mu_);
+  // Awake pools' pinned buffers, kept for their next backed-up sleep.
+  absl::btree_map<PoolId, KeptBackup> kept_ ABSL_GUARDED_BY(device_mu_);
   // The sleeping pools and their tags, for the allocation path: a leaf lock, so that allocations from
   // awake pools never wait for the device lock while some pool sleeps.
   mutable SpinLock asleep_mu_;
