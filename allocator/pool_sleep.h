@@ -7,8 +7,9 @@
 // EmptyPoolCache) leave its segments alone; Checkpoint and Restore refuse it. Only expandable segments can
 // keep their addresses: a pool with regular segments cannot sleep unless the request releases them, and
 // only when each is wholly free. A graph's pin (PinForGraph) keeps a pool from EmptyCache, not from a sleep
-// asked for by name: the graph replays after the wake. Sleeping ranges show in snapshots (`asleep`) and in
-// PoolStats (sleeping_bytes, backup_bytes), not in DeviceStats; sleeps and wakes record no history events.
+// asked for by name: the graph replays after the wake. Sleeping ranges show in snapshots (`asleep`), in
+// PoolStats (sleeping_bytes, backup_bytes) and in the history (one `sleep` event per chunk whose memory went,
+// one `wake` per chunk mapped again; none for a sleep or wake undone), not in DeviceStats.
 //
 // Never half: each call either does what it says for a pool or leaves that pool as it was, asleep or
 // awake, with nothing leaked, whatever the driver refuses:

@@ -58,12 +58,16 @@ void SegmentLedger::ChunkAsleep(Segment* segment, const ChunkPlacement& chunk) {
   segment->vmm->ChunkAsleep(chunk.ptr);
   stat_events::ChunkUnmapped(stats_, segment->pool->is_small, static_cast<std::int64_t>(chunk.size));
   AddPoolReserved(segment, -static_cast<std::int64_t>(chunk.size));
+  history_.Record(HistoryAction::kSleep, chunk.ptr, chunk.size, static_cast<std::uint64_t>(segment->stream),
+                  0);
 }
 
 void SegmentLedger::ChunkAwake(Segment* segment, const ChunkPlacement& chunk) {
   segment->vmm->ChunkAwake(chunk);
   stat_events::ChunkMapped(stats_, segment->pool->is_small, static_cast<std::int64_t>(chunk.size));
   AddPoolReserved(segment, static_cast<std::int64_t>(chunk.size));
+  history_.Record(HistoryAction::kWake, chunk.ptr, chunk.size, static_cast<std::uint64_t>(segment->stream),
+                  0);
 }
 
 void SegmentLedger::AddPoolReserved(const Segment* segment, std::int64_t bytes) {

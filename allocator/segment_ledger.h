@@ -1,6 +1,6 @@
 // Every segment of one allocator, by base address, and the device-wide figures that follow them: PyTorch's
 // segment statistics (segments, reserved bytes, device allocations and frees; stats.h), each private pool's
-// reserved bytes, and the history events of mapped and unmapped chunks.
+// reserved bytes, and the history events of mapped, unmapped, sleeping and woken chunks.
 //
 // A regular segment is reserved memory as a whole (Link/Unlink). An expandable segment's reservation is
 // listed as soon as it exists (AddReservation) but reserves nothing: its mapped chunks do (ChunkMapped /
@@ -45,8 +45,10 @@ class SegmentLedger {
   void ChunkMapped(Segment* segment, const ChunkPlacement& chunk);
   void ChunkUnmapped(Segment* segment, const ChunkPlacement& chunk);
   // A chunk of a sleeping pool gave its memory back (it stays in the segment, asleep), or a wake mapped it
-  // again: the reserved statistics move as for an unmap and a map (the memory is the device's meanwhile); no
-  // history event, since the blocks of the range stay as they are.
+  // again: the reserved statistics move as for an unmap and a map (the memory is the device's meanwhile),
+  // and the history records a sleep or a wake rather than an unmap or a map, since the blocks of the range
+  // stay as they are. Called once per chunk, only when the pool's sleep or wake stands: a history of
+  // sleeps and wakes then always ends in the state the pool is in.
   void ChunkAsleep(Segment* segment, const ChunkPlacement& chunk);
   void ChunkAwake(Segment* segment, const ChunkPlacement& chunk);
 

@@ -17,7 +17,10 @@ constexpr std::array<absl::string_view, 2> kSegmentKindNames = {"small", "large"
 constexpr std::array<absl::string_view, kNumHistoryActions> kActionNames = {
     "alloc",        "free_requested", "free_completed", "segment_alloc",
     "segment_free", "segment_map",    "segment_unmap",  "oom",
-    "snapshot"};
+    "snapshot",     "sleep",          "wake",
+};
+// An action added without its name would be named "" (the array's default) and never parse.
+static_assert(!kActionNames.back().empty(), "every HistoryAction needs a name in kActionNames");
 
 template <typename Enum, std::size_t N>
 std::optional<Enum> ParseName(const std::array<absl::string_view, N>& names, absl::string_view name) {

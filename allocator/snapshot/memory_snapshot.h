@@ -42,7 +42,8 @@ enum class BlockState : std::uint8_t {
 
 enum class SegmentKind : std::uint8_t { kSmall, kLarge };
 
-// The allocator events the history records (PyTorch's TraceEntry actions).
+// The allocator events the history records: PyTorch's TraceEntry actions, then graphalloc's own. New
+// actions go last, so that the values and IsTraceAction (trace_reader.h) stay as they are.
 enum class HistoryAction : std::uint8_t {
   kAlloc,
   kFreeRequested,
@@ -53,8 +54,13 @@ enum class HistoryAction : std::uint8_t {
   kSegmentUnmap,
   kOom,
   kSnapshot,
+  // A chunk of a sleeping pool gave its memory back (CachingAllocator::Sleep), or a wake mapped it again:
+  // reserved bytes move as for segment_unmap / segment_map, but the blocks of the range stay as they were.
+  // PyTorch has no such actions: its formats show them as segment_unmap / segment_map.
+  kSleep,
+  kWake,
 };
-inline constexpr int kNumHistoryActions = 9;
+inline constexpr int kNumHistoryActions = 11;
 
 // Names as written in snapshot files ("allocated", "large", "free_requested", ...).
 absl::string_view BlockStateName(BlockState state);

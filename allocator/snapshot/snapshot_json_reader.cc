@@ -152,7 +152,7 @@ absl::Status ReadEvent(const json& value, const std::string& path, HistoryEvent*
         r->PathOf("action"),
         absl::StrCat("unknown action '", action,
                      "'; expected alloc, free_requested, free_completed, segment_alloc, segment_free, "
-                     "segment_map, segment_unmap, oom or snapshot"));
+                     "segment_map, segment_unmap, oom, snapshot, sleep or wake"));
   }
   e->action = *parsed;
   GRAPHALLOC_RETURN_IF_ERROR(r->U64("address", &e->address));

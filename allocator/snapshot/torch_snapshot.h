@@ -5,9 +5,11 @@
 // "allocator_settings": {...}, "external_annotations": []}. Block states become "active_allocated",
 // "active_pending_free" and "inactive"; pool ids become PyTorch's (int, int) pair as (id >> 32, id &
 // 0xffffffff), so (0, 0) is the default pool; history events become the one device's trace, annotations its
-// "user_metadata". An expandable segment becomes one PyTorch segment per mapped range, as PyTorch reports
-// them. Import accepts both "active_pending_free" and the older "active_awaiting_free", recomputes the
-// statistics (current values) and the pools from the blocks, and keeps one device.
+// "user_metadata"; "sleep" and "wake", which PyTorch has no name for, become "segment_unmap" and
+// "segment_map", so a round trip through this format turns them into those. An expandable segment becomes
+// one PyTorch segment per mapped range, as PyTorch reports them. Import accepts both "active_pending_free"
+// and the older "active_awaiting_free", recomputes the statistics (current values) and the pools from the
+// blocks, and keeps one device.
 #ifndef GRAPHALLOC_ALLOCATOR_SNAPSHOT_TORCH_SNAPSHOT_H_
 #define GRAPHALLOC_ALLOCATOR_SNAPSHOT_TORCH_SNAPSHOT_H_
 

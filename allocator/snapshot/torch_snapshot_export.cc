@@ -22,6 +22,20 @@ absl::string_view TorchState(BlockState state) {
   return "inactive";
 }
 
+// PyTorch's name for an action. PyTorch's tools know only their own actions: a sleep gives memory back
+// and a wake maps it again, which is what segment_unmap and segment_map draw (so import-torch reads them
+// back as those).
+absl::string_view TorchAction(HistoryAction action) {
+  switch (action) {
+    case HistoryAction::kSleep:
+      return HistoryActionName(HistoryAction::kSegmentUnmap);
+    case HistoryAction::kWake:
+      return HistoryActionName(HistoryAction::kSegmentMap);
+    default:
+      return HistoryActionName(action);
+  }
+}
+
 void WriteFrames(PickleWriter& w, const std::vector<Frame>& frames) {
   w.BeginList();
   for (const Frame& f : frames) {
@@ -115,7 +129,7 @@ void WriteSegment(PickleWriter& w, int device, const SegmentSnapshot& seg, std::
 void WriteTraceEntry(PickleWriter& w, const HistoryEvent& e) {
   w.BeginDict();
   w.String("action");
-  w.String(HistoryActionName(e.action));
+  w.String(TorchAction(e.action));
   w.String(e.action == HistoryAction::kOom ? "device_free" : "addr");
   w.UInt(e.address);
   w.String("size");

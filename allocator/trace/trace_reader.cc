@@ -234,7 +234,7 @@ absl::StatusOr<Trace> TraceFromHistory(const MemorySnapshot& snapshot, absl::str
   if (slash != std::string::npos) trace.name = trace.name.substr(slash + 1);
   absl::flat_hash_set<std::uint64_t> live;  // allocated, not yet free_completed
   for (const HistoryEvent& e : snapshot.history) {
-    if (!IsTraceAction(e.action)) continue;  // OOM and snapshot events
+    if (!IsTraceAction(e.action)) continue;  // oom, snapshot, sleep and wake: no trace row
     switch (e.action) {
       case HistoryAction::kAlloc:
         if (!live.insert(e.address).second) continue;

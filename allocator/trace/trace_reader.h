@@ -22,11 +22,12 @@
 namespace graphalloc {
 
 // A row's action. A trace's actions are the history's (memory_snapshot.h) and have the same names: a trace
-// holds the allocator's seven block and segment events, alloc through segment_unmap; kOom and kSnapshot are
-// history events only and never a trace row. HistoryActionName() names them.
+// holds the allocator's seven block and segment events, alloc through segment_unmap; kOom, kSnapshot, kSleep
+// and kWake are history events only and never a trace row (PyTorch's trace format has no sleep, and a replay
+// does not sleep pools). HistoryActionName() names them.
 using TraceAction = HistoryAction;
 
-// Whether a trace can hold `action` (every action but kOom and kSnapshot).
+// Whether a trace can hold `action` (alloc through segment_unmap: not kOom, kSnapshot, kSleep, kWake).
 constexpr bool IsTraceAction(HistoryAction action) { return action <= HistoryAction::kSegmentUnmap; }
 // The action named `name` ("alloc", "free_completed", ...), or nullopt when no trace row can have it.
 std::optional<TraceAction> ParseTraceAction(absl::string_view name);
@@ -68,8 +69,8 @@ absl::StatusOr<std::string> GunzipBytes(absl::string_view gz, absl::string_view 
 absl::StatusOr<Trace> ReadTrace(const std::string& path);
 
 // The allocation history of a snapshot as a trace. When the history ring overflowed, frees of blocks whose
-// allocation fell out of the ring are dropped (the trace starts mid-run); OOM and snapshot events are not
-// trace events. InvalidArgument when the snapshot recorded no history.
+// allocation fell out of the ring are dropped (the trace starts mid-run); OOM, snapshot, sleep and wake
+// events are not trace events. InvalidArgument when the snapshot recorded no history.
 absl::StatusOr<Trace> TraceFromHistory(const MemorySnapshot& snapshot, absl::string_view name);
 
 // The trace as CSV text, header included; ParseTrace() reads it back to an equal trace (line numbers aside).

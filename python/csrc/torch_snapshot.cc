@@ -64,6 +64,12 @@ Action TorchAction(HistoryAction action) {
       return TraceEntry::OOM;
     case HistoryAction::kSnapshot:
       return TraceEntry::SNAPSHOT;
+    // PyTorch has no sleep: for memory_viz the memory leaves and comes back, which is what it draws for
+    // these.
+    case HistoryAction::kSleep:
+      return TraceEntry::SEGMENT_UNMAP;
+    case HistoryAction::kWake:
+      return TraceEntry::SEGMENT_MAP;
   }
   return TraceEntry::SNAPSHOT;
 }
@@ -273,6 +279,10 @@ TraceEntry FromGraphalloc(const HistoryEvent& e, const DeviceSnapshotInput& in) 
   return entry;
 }
 
+// The segment events whose context SegmentContexts guesses. Not a sleep's or a wake's, though PyTorch's
+// trace shows them as segment_unmap / segment_map: they come from a sleep or wake call, neither from an
+// allocation (a wake maps memory for blocks that exist already) nor from an empty_cache that might overlap
+// them, so either guess would point at code that did not cause them.
 bool IsSegmentEvent(HistoryAction action) {
   return action == HistoryAction::kSegmentAlloc || action == HistoryAction::kSegmentMap ||
          action == HistoryAction::kSegmentFree || action == HistoryAction::kSegmentUnmap;
@@ -281,7 +291,7 @@ bool IsSegmentEvent(HistoryAction action) {
 // The contexts PyTorch gives segment events, which only graphalloc records: a segment made (or mapped) for
 // an allocation takes the context of that allocation, the next one on its stream in graphalloc's order
 // (within a second: a later one is another request's); a segment released by an empty_cache takes the
-// context of that call. Null where neither applies.
+// context of that call. Null where neither applies, and for sleeps and wakes (IsSegmentEvent).
 std::vector<std::shared_ptr<c10::GatheredContext>> SegmentContexts(
     const std::vector<HistoryEvent>& events, std::size_t first, const std::vector<const TraceEntry*>& paired,
     const std::vector<TorchHistory::CacheRelease>& releases, std::int64_t offset_us) {

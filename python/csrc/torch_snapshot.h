@@ -26,7 +26,8 @@ struct DeviceSnapshotInput {
 // (device_traces[i] for device i; devices without an allocator get an empty trace) and the annotations.
 //
 // A trace follows graphalloc's own history (`snapshot.history`), which has every event of the device in the
-// order it happened: segment_alloc/free/map/unmap, free_completed and snapshot as graphalloc recorded them,
+// order it happened: segment_alloc/free/map/unmap, free_completed and snapshot as graphalloc recorded them
+// (its sleep and wake, which PyTorch has no action for, as segment_unmap and segment_map, with no context),
 // and alloc/free_requested/oom replaced by the TorchHistory's entries they pair with (same action and
 // address, nearest in time), which carry the requested size, context, compile context and user metadata.
 // Any suffix of that order is consistent (memory_viz replays it backwards from the segments), which merging

@@ -4,8 +4,11 @@
 // leaked. The simulated device counts what is outstanding (SimCounters), so a leak shows as a number.
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -129,6 +132,50 @@ class SleepWakeTest : public ::testing::Test {
     return request;
   }
   static WakeRequest WakePool(PoolId id) { return WakeRequest{.scope = SleepScope::Pool(id)}; }
+
+  // A history event as (action, address, size).
+  using Event = std::tuple<HistoryAction, std::uint64_t, std::uint64_t>;
+  static std::vector<Event> EventsOf(const MemorySnapshot& snapshot) {
+    std::vector<Event> out;
+    for (const HistoryEvent& e : snapshot.history) out.emplace_back(e.action, e.address, e.size);
+    return out;
+  }
+  std::vector<Event> History() { return EventsOf(allocator_->TakeSnapshot("", /*record_event=*/false)); }
+  // The chunks the history says are asleep (each slept and not woken since) are exactly the snapshot's
+  // sleeping ranges; no chunk sleeps twice or wakes without having slept. The history must cover every
+  // sleep and wake of the allocator.
+  void ExpectHistoryAgreesWithTheSleepingRanges() {
+    const MemorySnapshot snapshot = allocator_->TakeSnapshot("", /*record_event=*/false);
+    std::map<std::uint64_t, std::uint64_t> sleeping;  // chunk address -> size
+    for (const HistoryEvent& e : snapshot.history) {
+      if (e.action == HistoryAction::kSleep) {
+        EXPECT_TRUE(sleeping.emplace(e.address, e.size).second) << "chunk 0x" << std::hex << e.address;
+      } else if (e.action == HistoryAction::kWake) {
+        auto it = sleeping.find(e.address);
+        ASSERT_NE(it, sleeping.end()) << "chunk 0x" << std::hex << e.address << " woke, never slept";
+        EXPECT_EQ(it->second, e.size);
+        sleeping.erase(it);
+      }
+    }
+    std::map<std::uint64_t, std::uint64_t> asleep;
+    for (const SegmentSnapshot& segment : snapshot.segments) {
+      for (const MappedRange& r : segment.asleep) asleep.emplace(segment.address + r.offset, r.size);
+    }
+    EXPECT_EQ(Coalesced(sleeping), Coalesced(asleep));
+  }
+  // Touching ranges joined, as a snapshot joins sleeping chunks.
+  static std::vector<std::pair<std::uint64_t, std::uint64_t>> Coalesced(
+      const std::map<std::uint64_t, std::uint64_t>& ranges) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;  // [begin, end)
+    for (const auto& [begin, size] : ranges) {
+      if (!out.empty() && out.back().second == begin) {
+        out.back().second += size;
+      } else {
+        out.emplace_back(begin, begin + size);
+      }
+    }
+    return out;
+  }
 
   std::shared_ptr<SimDriver> sim_;
   std::unique_ptr<CachingAllocator> allocator_;
@@ -279,6 +326,78 @@ TEST_F(SleepWakeTest, DiscardCopiesNothingAndWakesFreshMemoryAtTheSameAddresses)
   // The block is the same block: it frees once, and the pool serves again.
   ASSERT_OK(allocator_->Free(a));
   EXPECT_EQ(Alloc(4 * kMiB), a);
+}
+
+TEST_F(SleepWakeTest, TheHistoryRecordsOneSleepAndOneWakePerChunkAndNothingElse) {
+  const PoolId pool = NewPool("weights");
+  RouteTo(pool);
+  const DevicePtr a = Alloc(2 * kMiB);  // one chunk each, in one segment
+  const DevicePtr b = Alloc(4 * kMiB);
+  const DevicePtr c = Alloc(2 * kMiB);
+  route_ = PoolRoute();
+  ASSERT_EQ(b, a + 2 * kMiB);
+  ASSERT_EQ(c, b + 4 * kMiB);
+  // From here on the history holds the sleep's and the wake's events alone.
+  ASSERT_OK(allocator_->RecordHistory(HistoryOptions{.enabled = true}));
+
+  ASSERT_OK(allocator_->Sleep(SleepPool(pool, SleepMode::kBackup)).status());
+  const MemorySnapshot asleep = allocator_->TakeSnapshot("asleep", /*record_event=*/false);
+  const std::vector<Event> slept = {{HistoryAction::kSleep, a, 2 * kMiB},
+                                    {HistoryAction::kSleep, b, 4 * kMiB},
+                                    {HistoryAction::kSleep, c, 2 * kMiB}};
+  EXPECT_EQ(EventsOf(asleep), slept);
+  ExpectHistoryAgreesWithTheSleepingRanges();
+
+  ASSERT_OK(allocator_->Wake(WakePool(pool)).status());
+  const MemorySnapshot awake = allocator_->TakeSnapshot("awake", /*record_event=*/false);
+  std::vector<Event> both = slept;
+  both.insert(both.end(), {{HistoryAction::kWake, a, 2 * kMiB},
+                           {HistoryAction::kWake, b, 4 * kMiB},
+                           {HistoryAction::kWake, c, 2 * kMiB}});
+  EXPECT_EQ(EventsOf(awake), both);
+  ExpectHistoryAgreesWithTheSleepingRanges();
+  // Recorded as the segment's map and unmap events are: its stream, no pool id.
+  for (const HistoryEvent& e : awake.history) {
+    EXPECT_EQ(e.stream, static_cast<std::uint64_t>(kDefaultStream));
+    EXPECT_EQ(e.pool_id, 0u);
+  }
+  // The reserved bytes moved with the events: all 8 MiB left at the sleep and came back at the wake.
+  EXPECT_EQ(asleep.stats.reserved_bytes.all().current, 0);
+  EXPECT_EQ(awake.stats.reserved_bytes.all().current, static_cast<std::int64_t>(8 * kMiB));
+  ASSERT_OK(allocator_->Free(a));
+  ASSERT_OK(allocator_->Free(b));
+  ASSERT_OK(allocator_->Free(c));
+  ExpectInvariants();
+}
+
+// A whole-allocator sleep records each pool's chunks in pool order; a pool already asleep, or one with no
+// memory, records nothing.
+TEST_F(SleepWakeTest, TheHistoryOfAWholeAllocatorSleepNamesEachPoolsChunksOnce) {
+  const PoolId weights = NewPool("weights");
+  const PoolId kv = NewPool("kv");
+  NewPool("empty");
+  RouteTo(weights);
+  const DevicePtr w = Alloc(2 * kMiB);
+  RouteTo(kv);
+  const DevicePtr k = Alloc(4 * kMiB);
+  route_ = PoolRoute();
+  const DevicePtr d = Alloc(2 * kMiB);  // the default pool
+  ASSERT_OK(allocator_->Sleep(SleepPool(kv, SleepMode::kDiscard)).status());
+  ASSERT_OK(allocator_->RecordHistory(HistoryOptions{.enabled = true}));
+  ASSERT_OK(allocator_->Sleep(Request(SleepScope::All(), SleepMode::kDiscard)).status());
+  EXPECT_EQ(History(),
+            (std::vector<Event>{{HistoryAction::kSleep, d, 2 * kMiB}, {HistoryAction::kSleep, w, 2 * kMiB}}));
+  ASSERT_OK(allocator_->Wake(WakeRequest{.scope = SleepScope::All()}).status());
+  // kv's chunk slept before the history began: its wake is recorded all the same.
+  EXPECT_EQ(History(), (std::vector<Event>{{HistoryAction::kSleep, d, 2 * kMiB},
+                                           {HistoryAction::kSleep, w, 2 * kMiB},
+                                           {HistoryAction::kWake, d, 2 * kMiB},
+                                           {HistoryAction::kWake, w, 2 * kMiB},
+                                           {HistoryAction::kWake, k, 4 * kMiB}}));
+  ASSERT_OK(allocator_->Free(w));
+  ASSERT_OK(allocator_->Free(k));
+  ASSERT_OK(allocator_->Free(d));
+  ExpectInvariants();
 }
 
 TEST_F(SleepWakeTest, ASleepingPoolRefusesAllocationsNamingItselfAndItsTagButAcceptsFrees) {
@@ -575,29 +694,44 @@ TEST_F(SleepWakeTest, AFailureAtAnyCallOfASleepLeavesThePoolAsleepOrAwakeWithIts
       route_ = PoolRoute();
       Fill(a, 2 * kMiB, 5);
       Fill(b, 4 * kMiB, 6);
+      ASSERT_OK(allocator_->RecordHistory(HistoryOptions{.enabled = true}));
       sim_->InjectFault(call, nth, DriverResult::kOutOfMemory);
       const std::uint64_t injected = sim_->InjectedFaultCount();
       absl::StatusOr<SleepResult> slept = allocator_->Sleep(SleepPool(pool, SleepMode::kBackup));
       const bool failed = sim_->InjectedFaultCount() > injected;
       sim_->ClearFaults();
       ExpectInvariants();
+      ExpectHistoryAgreesWithTheSleepingRanges();
       EXPECT_EQ(slept.ok(), !failed) << slept.status();
       failures += failed ? 1 : 0;
       if (!slept.ok() && !Asleep(pool)) {
-        // Undone: awake, untouched, no backup held.
+        // Undone: awake, untouched, no backup held, nothing in the history.
         EXPECT_EQ(StatsOf(pool).reserved_bytes, 6 * kMiB);
         EXPECT_EQ(sim_->Counters().host_allocations, 0u);
+        EXPECT_EQ(History(), std::vector<Event>{});
         RouteTo(pool);
         ASSERT_OK(allocator_->Free(Alloc(kMiB)));  // allocations allowed (a 2 MiB chunk more, free)
         route_ = PoolRoute();
         ASSERT_OK(allocator_->EmptyPoolCache(pool));
       } else {
         EXPECT_TRUE(Asleep(pool));
-        // What was released is out of the reserved bytes; what the driver kept mapped is still in them.
+        // What was released is out of the reserved bytes; what the driver kept mapped is still in them. The
+        // history has a sleep for each chunk released (ExpectHistoryAgreesWithTheSleepingRanges): here
+        // both, or the one the driver let go.
         const PoolStats stats = StatsOf(pool);
         EXPECT_EQ(stats.reserved_bytes + stats.sleeping_bytes, 6 * kMiB);
+        const std::vector<Event> both = {{HistoryAction::kSleep, a, 2 * kMiB},
+                                         {HistoryAction::kSleep, b, 4 * kMiB}};
+        if (call == SimCall::kMemUnmap && nth == 1) {
+          EXPECT_EQ(History(), std::vector<Event>{both[1]});
+        } else if (call == SimCall::kMemUnmap && nth == 2) {
+          EXPECT_EQ(History(), std::vector<Event>{both[0]});
+        } else {
+          EXPECT_EQ(History(), both);
+        }
         ASSERT_OK(allocator_->Wake(WakePool(pool)).status());
         EXPECT_FALSE(Asleep(pool));
+        ExpectHistoryAgreesWithTheSleepingRanges();
       }
       ExpectInvariants();
       EXPECT_TRUE(Holds(a, 2 * kMiB, 5));
@@ -635,7 +769,10 @@ TEST_F(SleepWakeTest, AFailureAtAnyCallOfAWakeLeavesThePoolAsleepWithItsBackup) 
       route_ = PoolRoute();
       Fill(a, 2 * kMiB, 8);
       Fill(b, 4 * kMiB, 9);
+      ASSERT_OK(allocator_->RecordHistory(HistoryOptions{.enabled = true}));
       ASSERT_OK(allocator_->Sleep(SleepPool(pool, SleepMode::kBackup)).status());
+      const std::vector<Event> slept = {{HistoryAction::kSleep, a, 2 * kMiB},
+                                        {HistoryAction::kSleep, b, 4 * kMiB}};
       sim_->InjectFault(call, nth, DriverResult::kOutOfMemory);
       const std::uint64_t injected = sim_->InjectedFaultCount();
       absl::StatusOr<WakeResult> woke = allocator_->Wake(WakePool(pool));
@@ -652,6 +789,7 @@ TEST_F(SleepWakeTest, AFailureAtAnyCallOfAWakeLeavesThePoolAsleepWithItsBackup) 
         EXPECT_EQ(stats.sleeping_bytes, 6 * kMiB);
         EXPECT_EQ(stats.backup_bytes, 6 * kMiB);
         EXPECT_EQ(sim_->Counters().mappings, 0u);
+        EXPECT_EQ(History(), slept);  // no wake recorded for the one undone
         RouteTo(pool);
         EXPECT_TRUE(absl::IsFailedPrecondition(allocator_->Allocate(kMiB).status()));
         route_ = PoolRoute();
@@ -659,6 +797,10 @@ TEST_F(SleepWakeTest, AFailureAtAnyCallOfAWakeLeavesThePoolAsleepWithItsBackup) 
       }
       EXPECT_FALSE(Asleep(pool));
       ExpectInvariants();
+      std::vector<Event> both = slept;
+      both.insert(both.end(), {{HistoryAction::kWake, a, 2 * kMiB}, {HistoryAction::kWake, b, 4 * kMiB}});
+      EXPECT_EQ(History(), both);
+      ExpectHistoryAgreesWithTheSleepingRanges();
       EXPECT_TRUE(Holds(a, 2 * kMiB, 8));
       EXPECT_TRUE(Holds(b, 4 * kMiB, 9));
       EXPECT_EQ(StatsOf(pool).reserved_bytes, 6 * kMiB);
@@ -687,6 +829,7 @@ TEST_F(SleepWakeTest, AChunkAFailedWakeCouldNotUnmapIsReusedByTheNextWake) {
   route_ = PoolRoute();
   Fill(a, 2 * kMiB, 30);
   Fill(b, 4 * kMiB, 40);
+  ASSERT_OK(allocator_->RecordHistory(HistoryOptions{.enabled = true}));
   ASSERT_OK(allocator_->Sleep(SleepPool(pool, SleepMode::kBackup)).status());
   sim_->InjectFault(SimCall::kMemMap, 2, DriverResult::kOutOfMemory);    // b's chunk
   sim_->InjectFault(SimCall::kMemUnmap, 1, DriverResult::kOutOfMemory);  // the undo of a's
@@ -697,9 +840,18 @@ TEST_F(SleepWakeTest, AChunkAFailedWakeCouldNotUnmapIsReusedByTheNextWake) {
   EXPECT_EQ(sim_->Counters().handles, 1u);
   EXPECT_EQ(StatsOf(pool).sleeping_bytes, 6 * kMiB);
   ExpectInvariants();
+  // a's chunk has memory again, but is not the pool's until a wake stands: no wake in the history yet.
+  const std::vector<Event> slept = {{HistoryAction::kSleep, a, 2 * kMiB},
+                                    {HistoryAction::kSleep, b, 4 * kMiB}};
+  EXPECT_EQ(History(), slept);
+  ExpectHistoryAgreesWithTheSleepingRanges();
   const std::uint64_t creates = sim_->CallCount(SimCall::kMemCreate);
   ASSERT_OK_AND_ASSIGN(const WakeResult woke, allocator_->Wake(WakePool(pool)));
   EXPECT_EQ(woke.bytes_mapped, 6 * kMiB);
+  std::vector<Event> both = slept;
+  both.insert(both.end(), {{HistoryAction::kWake, a, 2 * kMiB}, {HistoryAction::kWake, b, 4 * kMiB}});
+  EXPECT_EQ(History(), both);
+  ExpectHistoryAgreesWithTheSleepingRanges();
   EXPECT_EQ(sim_->CallCount(SimCall::kMemCreate), creates + 1);  // b's only: a's chunk was still mapped
   EXPECT_TRUE(Holds(a, 2 * kMiB, 30));
   EXPECT_TRUE(Holds(b, 4 * kMiB, 40));

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -98,7 +99,30 @@ TEST(TraceActionTest, NamesRoundTrip) {
   // History events only: never a trace row.
   EXPECT_FALSE(ParseTraceAction("oom").has_value());
   EXPECT_FALSE(ParseTraceAction("snapshot").has_value());
+  EXPECT_FALSE(ParseTraceAction("sleep").has_value());
+  EXPECT_FALSE(ParseTraceAction("wake").has_value());
+  EXPECT_FALSE(IsTraceAction(HistoryAction::kSleep));
+  EXPECT_FALSE(IsTraceAction(HistoryAction::kWake));
   EXPECT_FALSE(ParseTraceAction("").has_value());
+}
+
+// A history with a pool's sleep and wake in it gives the trace of its allocations alone: a replay does not
+// sleep pools, and its blocks stay allocated throughout a sleep.
+TEST(TraceActionTest, TraceFromHistoryLeavesSleepAndWakeOut) {
+  MemorySnapshot s;
+  s.history_max_entries = 10;
+  s.history = {{HistoryAction::kSegmentMap, 0x7f0000000000, 2 << 20, 0, 0, 10, {}, ""},
+               {HistoryAction::kAlloc, 0x7f0000000000, 4096, 0, 0, 11, {}, ""},
+               {HistoryAction::kSleep, 0x7f0000000000, 2 << 20, 0, 0, 12, {}, ""},
+               {HistoryAction::kWake, 0x7f0000000000, 2 << 20, 0, 0, 13, {}, ""},
+               {HistoryAction::kFreeCompleted, 0x7f0000000000, 4096, 0, 0, 14, {}, ""}};
+  absl::StatusOr<Trace> trace = TraceFromHistory(s, "dir/slept.json");
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->name, "slept.json");
+  EXPECT_EQ(trace->events,
+            (std::vector<TraceEvent>{{0x7f0000000000, 2 << 20, 0, 10, 0, TraceAction::kSegmentMap},
+                                     {0x7f0000000000, 4096, 0, 11, 0, TraceAction::kAlloc},
+                                     {0x7f0000000000, 4096, 0, 14, 0, TraceAction::kFreeCompleted}}));
 }
 
 TEST(TraceReaderTest, PlainRoundTrip) {

@@ -11,6 +11,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::MakeFixtureSnapshot;
+using testing::MakeSleepingSnapshot;
 
 constexpr std::uint64_t kMiB = 1 << 20;
 
@@ -42,6 +43,31 @@ TEST(MemorySnapshotTest, NamesRoundTrip) {
   EXPECT_EQ(ParseBlockState("pending_free"), BlockState::kPendingFree);
   EXPECT_EQ(ParseSegmentKind("small"), SegmentKind::kSmall);
   EXPECT_FALSE(ParseBlockState("active_allocated").has_value());
+}
+
+// graphalloc's own actions come after PyTorch's, whose values (kept in history rings, and in the numbers
+// the HTML viewer reads) stay as they were.
+TEST(MemorySnapshotTest, SleepAndWakeFollowPytorchsActionsUnderTheirOwnNames) {
+  EXPECT_EQ(kNumHistoryActions, 11);
+  EXPECT_EQ(static_cast<int>(HistoryAction::kSegmentUnmap), 6);
+  EXPECT_EQ(static_cast<int>(HistoryAction::kSnapshot), 8);
+  EXPECT_EQ(static_cast<int>(HistoryAction::kSleep), 9);
+  EXPECT_EQ(static_cast<int>(HistoryAction::kWake), 10);
+  EXPECT_EQ(HistoryActionName(HistoryAction::kSleep), "sleep");
+  EXPECT_EQ(HistoryActionName(HistoryAction::kWake), "wake");
+  EXPECT_EQ(ParseHistoryAction("sleep"), HistoryAction::kSleep);
+  EXPECT_EQ(ParseHistoryAction("wake"), HistoryAction::kWake);
+  EXPECT_FALSE(ParseHistoryAction("asleep").has_value());
+}
+
+TEST(MemorySnapshotTest, SleepingFixtureIsValidAndConsistent) {
+  const MemorySnapshot s = MakeSleepingSnapshot();
+  EXPECT_TRUE(ValidateSnapshot(s).ok()) << ValidateSnapshot(s);
+  EXPECT_TRUE(CheckStatsConsistency(s).ok()) << CheckStatsConsistency(s);
+  const SnapshotTotals t = ComputeTotals(s);
+  EXPECT_EQ(t.reserved_bytes, 0u);  // the sleeping 6 MiB hold no memory
+  EXPECT_EQ(t.allocated_bytes, 2 * kMiB);
+  EXPECT_EQ(t.free_bytes, 0u);
 }
 
 void ExpectInvalid(const MemorySnapshot& s, const std::string& path, const std::string& what) {

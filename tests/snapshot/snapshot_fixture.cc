@@ -49,15 +49,21 @@ std::vector<Frame> Stack(const std::string& fn, int line) {
           {"main", "main.cc", 7}};
 }
 
-}  // namespace
-
-MemorySnapshot MakeFixtureSnapshot() {
+// A snapshot of the simulated device with no segments or history yet.
+MemorySnapshot EmptySnapshot(const std::string& label, const std::string& config) {
   MemorySnapshot s;
-  s.label = "end";
+  s.label = label;
   s.source = "graphalloc";
   s.time_us = 1'700'000'000'000'000;
   s.device = {0, "Simulated GPU \"sim0\"", 80ull << 30, 2 * kMiB};
-  s.config = "expandable_segments:True,max_split_size_mb:256";
+  s.config = config;
+  return s;
+}
+
+}  // namespace
+
+MemorySnapshot MakeFixtureSnapshot() {
+  MemorySnapshot s = EmptySnapshot("end", "expandable_segments:True,max_split_size_mb:256");
 
   const std::uint64_t a = 0x7f0000000000, b = 0x7f0000400000, c = 0x7f0001000000;
   // Segment 0: large, default pool, stream 0, 4 MiB: allocated 1 MiB, pending 512 KiB, free 512 KiB,
@@ -138,6 +144,48 @@ MemorySnapshot MakeFixtureSnapshot() {
                    {{HistoryAction::kSegmentUnmap, c + 2 * kMiB, 2 * kMiB, 0, 6, t0 - 3, {}, ""},
                     {HistoryAction::kSegmentFree, 0x7e0000000000, 2 * kMiB, 0, 0, t0 - 2, {}, ""},
                     {HistoryAction::kFreeCompleted, 0x7e0000000000, 512, 0, 0, t0 - 1, {}, ""}});
+  return s;
+}
+
+MemorySnapshot MakeSleepingSnapshot() {
+  MemorySnapshot s = EmptySnapshot("asleep", "expandable_segments:True");
+  constexpr std::uint64_t a = kSleepingBase, b = kSleepingBase + 2 * kMiB;
+  SegmentSnapshot seg;
+  seg.address = a;
+  seg.total_size = 8 * kMiB;
+  seg.pool_id = 3;
+  seg.kind = SegmentKind::kLarge;
+  seg.expandable = true;
+  seg.asleep = {{0, 6 * kMiB, true}};
+  seg.blocks = {{a, 2 * kMiB, 2 * kMiB, BlockState::kAllocated, 0, {}, ""},
+                {b, 6 * kMiB, 0, BlockState::kFree, 0, {}, ""}};
+  s.segments = {seg};
+  // The allocated block counts in the statistics; the sleeping memory in no reserved bytes.
+  DeviceStats& st = s.stats;
+  for (StatArray* arr : {&st.allocation, &st.active}) {
+    (*arr)[StatType::kAggregate].current = (*arr)[StatType::kLargePool].current = 1;
+  }
+  for (StatArray* arr : {&st.allocated_bytes, &st.active_bytes, &st.requested_bytes}) {
+    (*arr)[StatType::kAggregate].current = (*arr)[StatType::kLargePool].current = 2 * kMiB;
+  }
+  st.segment[StatType::kAggregate].current = st.segment[StatType::kLargePool].current = 1;
+  s.pools = {{0, 0, 0, 0, 0, 0}, {3, 1, 0, 2 * kMiB, 6 * kMiB, 5 * kMiB}};
+  const std::int64_t t0 = s.time_us - 100;
+  s.history = {
+      {HistoryAction::kSegmentMap, a, 2 * kMiB, 0, 0, t0, {}, ""},
+      {HistoryAction::kSegmentMap, b, 4 * kMiB, 0, 0, t0 + 1, {}, ""},
+      {HistoryAction::kAlloc, a, 2 * kMiB, 0, 0, t0 + 2, {}, ""},
+      {HistoryAction::kAlloc, b, 3 * kMiB, 0, 0, t0 + 3, {}, ""},
+      {HistoryAction::kSleep, a, 2 * kMiB, 0, 0, t0 + 4, {}, ""},
+      {HistoryAction::kSleep, b, 4 * kMiB, 0, 0, t0 + 5, {}, ""},
+      {HistoryAction::kWake, a, 2 * kMiB, 0, 0, t0 + 6, {}, ""},
+      {HistoryAction::kWake, b, 4 * kMiB, 0, 0, t0 + 7, {}, ""},
+      {HistoryAction::kFreeRequested, b, 3 * kMiB, 0, 0, t0 + 8, {}, ""},
+      {HistoryAction::kFreeCompleted, b, 3 * kMiB, 0, 0, t0 + 9, {}, ""},
+      {HistoryAction::kSleep, a, 2 * kMiB, 0, 0, t0 + 10, {}, ""},
+      {HistoryAction::kSleep, b, 4 * kMiB, 0, 0, t0 + 11, {}, ""},
+  };
+  s.history_max_entries = 100;
   return s;
 }
 

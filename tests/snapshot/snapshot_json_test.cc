@@ -15,6 +15,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::MakeFixtureSnapshot;
+using testing::MakeSleepingSnapshot;
 
 TEST(SnapshotJsonTest, RoundTripKeepsEveryField) {
   const MemorySnapshot s = MakeFixtureSnapshot();
@@ -50,6 +51,32 @@ TEST(SnapshotJsonTest, RoundTripKeepsEveryField) {
   EXPECT_EQ(back->history_max_entries, 12u);
   EXPECT_EQ(*back, s);
   // Writing what was read gives the same bytes.
+  EXPECT_EQ(SnapshotToJson(*back), json);
+}
+
+// The number of times `needle` occurs in `text`.
+int Count(const std::string& text, const std::string& needle) {
+  int n = 0;
+  for (std::size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST(SnapshotJsonTest, SleepAndWakeEventsAreWrittenByNameAndReadBack) {
+  const MemorySnapshot s = MakeSleepingSnapshot();
+  const std::string json = SnapshotToJson(s);
+  EXPECT_EQ(Count(json, "{\"action\":\"sleep\",\"address\":"), 4);
+  EXPECT_EQ(Count(json, "{\"action\":\"wake\",\"address\":"), 2);
+  EXPECT_EQ(Count(json, "{\"action\":\"segment_unmap\""), 0);
+  absl::StatusOr<MemorySnapshot> back = SnapshotFromJson(json, "asleep.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->history.size(), 12u);
+  EXPECT_EQ(back->history[4].action, HistoryAction::kSleep);
+  EXPECT_EQ(back->history[4].address, testing::kSleepingBase);
+  EXPECT_EQ(back->history[4].size, 2u << 20);
+  EXPECT_EQ(back->history[7].action, HistoryAction::kWake);
+  EXPECT_EQ(back->history[7].address, testing::kSleepingBase + (2u << 20));
+  EXPECT_EQ(back->history[7].size, 4u << 20);
+  EXPECT_EQ(*back, s);
   EXPECT_EQ(SnapshotToJson(*back), json);
 }
 

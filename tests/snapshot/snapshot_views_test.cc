@@ -19,6 +19,7 @@ namespace {
 
 using graphalloc::testing::kFixtureBlocks;
 using graphalloc::testing::MakeFixtureSnapshot;
+using graphalloc::testing::MakeSleepingSnapshot;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -297,6 +298,40 @@ TEST(SnapshotViewsTest, TimelineIsAnchoredAtTheSnapshotAndFindsThePeak) {
   std::int64_t max_allocated = 0;
   for (const TimelinePoint& p : small.points) max_allocated = std::max(max_allocated, p.allocated);
   EXPECT_EQ(max_allocated, t.peak.allocated);
+}
+
+// A sleep gives a chunk's memory back and a wake maps it again: the timeline's reserved bytes fall and rise
+// with them, while the blocks, and so the allocated bytes, stay.
+TEST(SnapshotViewsTest, TimelineReservedFallsAtASleepAndRisesAtAWake) {
+  const MemorySnapshot s = MakeSleepingSnapshot();
+  const Timeline t = ComputeTimeline(s);
+  ASSERT_EQ(t.points.size(), 12u);
+  const std::int64_t allocated_mib[12] = {0, 0, 2, 5, 5, 5, 5, 5, 2, 2, 2, 2};
+  for (std::size_t i = 0; i < t.points.size(); ++i) {
+    EXPECT_EQ(t.points[i].event, i);
+    EXPECT_EQ(t.points[i].reserved,
+              graphalloc::testing::kSleepingReservedMiB[i] * static_cast<std::int64_t>(kMiB))
+        << i;
+    EXPECT_EQ(t.points[i].allocated, allocated_mib[i] * static_cast<std::int64_t>(kMiB)) << i;
+  }
+  EXPECT_EQ(t.peak.event, 3u);
+  EXPECT_EQ(t.peak.reserved, static_cast<std::int64_t>(6 * kMiB));
+}
+
+TEST(SnapshotViewsTest, SummaryCountsSleepsAndWakes) {
+  const std::string text = RenderSummaryText(MakeSleepingSnapshot(), "asleep.json");
+  EXPECT_THAT(text, HasSubstr("History:       12 events (max_entries 100)\n"));
+  EXPECT_THAT(text, HasSubstr("\n  sleep           4\n"));
+  EXPECT_THAT(text, HasSubstr("\n  wake            2\n"));
+  EXPECT_THAT(text, HasSubstr("\n  segment_map     2\n"));
+  EXPECT_THAT(text, Not(HasSubstr("segment_unmap")));
+}
+
+// The viewer reads actions by number: the page's data carries sleep as 9 and wake as 10.
+TEST(SnapshotViewsTest, HtmlCarriesSleepAndWakeByNumber) {
+  const std::string html = RenderHtml(MakeSleepingSnapshot(), "asleep");
+  EXPECT_THAT(html, HasSubstr("\"act\":[5,5,0,0,9,9,10,10,1,2,9,9]"));
+  EXPECT_THAT(html, HasSubstr("'segment_unmap', 'oom', 'snapshot', 'sleep', 'wake']"));
 }
 
 TEST(SnapshotViewsTest, Formatting) {

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "graphalloc/allocator/snapshot/pickle.h"
 #include "graphalloc/allocator/snapshot/torch_snapshot.h"
@@ -14,6 +16,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::MakeFixtureSnapshot;
+using testing::MakeSleepingSnapshot;
 using Kind = PickleValue::Kind;
 
 TEST(PickleTest, WriterAndReaderAgree) {
@@ -317,6 +320,36 @@ TEST(TorchPickleTest, ExportThenImportKeepsSegmentsBlocksAndTraces) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->segments, back->segments);
   EXPECT_EQ(again->history, back->history);
+}
+
+// PyTorch's tools know only PyTorch's actions: a sleep is written as segment_unmap and a wake as
+// segment_map (the memory left and came back), and import-torch reads them back as those.
+TEST(TorchPickleTest, SleepAndWakeAreExportedAsUnmapAndMap) {
+  const MemorySnapshot s = MakeSleepingSnapshot();
+  const std::string bytes = SnapshotToTorchPickle(s);
+  absl::StatusOr<std::unique_ptr<PickleDocument>> doc = ParsePickle(bytes, "asleep.pickle");
+  ASSERT_TRUE(doc.ok()) << doc.status();
+  const PickleValue* traces = (*doc)->root.node->Find("device_traces");
+  ASSERT_NE(traces, nullptr);
+  ASSERT_EQ(traces->node->items.size(), 1u);
+  std::vector<std::string> actions;
+  for (const PickleValue& e : traces->node->items[0].node->items)
+    actions.push_back(e.node->Find("action")->text);
+  EXPECT_EQ(actions,
+            (std::vector<std::string>{"segment_map", "segment_map", "alloc", "alloc", "segment_unmap",
+                                      "segment_unmap", "segment_map", "segment_map", "free_requested",
+                                      "free_completed", "segment_unmap", "segment_unmap"}));
+
+  absl::StatusOr<MemorySnapshot> back = SnapshotFromTorchPickle(bytes, "asleep.pickle");
+  ASSERT_TRUE(back.ok()) << back.status();
+  std::vector<HistoryEvent> expected = s.history;
+  for (HistoryEvent& e : expected) {
+    if (e.action == HistoryAction::kSleep) e.action = HistoryAction::kSegmentUnmap;
+    if (e.action == HistoryAction::kWake) e.action = HistoryAction::kSegmentMap;
+  }
+  EXPECT_EQ(back->history, expected);
+  // Nothing is mapped: no PyTorch segment, as PyTorch would report a pool whose memory is gone.
+  EXPECT_TRUE(back->segments.empty());
 }
 
 std::string ErrorOf(const std::string& bytes) {

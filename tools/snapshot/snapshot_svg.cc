@@ -137,8 +137,12 @@ Timeline ComputeTimeline(const MemorySnapshot& s, std::size_t max_points) {
     const auto size = static_cast<std::int64_t>(e.size);
     if (e.action == HistoryAction::kAlloc) *allocated += size;
     if (e.action == free_action) *allocated -= size;
-    if (e.action == HistoryAction::kSegmentAlloc || e.action == HistoryAction::kSegmentMap) *reserved += size;
-    if (e.action == HistoryAction::kSegmentFree || e.action == HistoryAction::kSegmentUnmap)
+    // A sleeping chunk holds no device memory (its blocks stay allocated): reserved, not allocated, moves.
+    if (e.action == HistoryAction::kSegmentAlloc || e.action == HistoryAction::kSegmentMap ||
+        e.action == HistoryAction::kWake)
+      *reserved += size;
+    if (e.action == HistoryAction::kSegmentFree || e.action == HistoryAction::kSegmentUnmap ||
+        e.action == HistoryAction::kSleep)
       *reserved -= size;
   };
   // Anchor the end of the history at the snapshot's own totals; shift up if that leaves a negative value
