@@ -52,7 +52,7 @@ struct PoolStats {
   int graph_pins = 0;              // GraphPins
   bool asleep = false;             // CachingAllocator::Sleep (pool_sleep.h)
   std::size_t sleeping_bytes = 0;  // address space whose physical memory is asleep (not in reserved_bytes)
-  std::size_t backup_bytes = 0;    // pinned host memory holding the sleeping pool's contents
+  std::size_t backup_bytes = 0;    // pinned host memory held for its backup (SleepState::backup_bytes)
 };
 
 // Which allocations a route sends to its pool.

@@ -42,7 +42,8 @@ int graphalloc_malloc(void** ptr, size_t size, int device, graphalloc_stream str
 int graphalloc_free(void* ptr, int device);
 /* `ptr` is used on `stream` too: it is reused only after the work enqueued there has completed. */
 int graphalloc_record_stream(void* ptr, int device, graphalloc_stream stream);
-/* Returns every unused cached segment of `device` to the driver. */
+/* Returns every unused cached segment of `device` to the driver, and frees the pinned host buffers that
+ * wakes kept for the next backed-up sleep. */
 int graphalloc_empty_cache(int device);
 /* Caps the memory `device`'s allocator reserves at `fraction` of the device's total, in [0, 1]. */
 int graphalloc_set_memory_fraction(double fraction, int device);
@@ -156,7 +157,8 @@ int graphalloc_wake(int device, const char* tag);
 int graphalloc_pool_sleep(int device, uint64_t pool, int backup);
 int graphalloc_pool_wake(int device, uint64_t pool);
 /* Whether `pool` (0: the default pool) sleeps, the bytes of its address space whose memory is asleep and
- * the pinned host bytes of its backup. Any output may be NULL. */
+ * the pinned host bytes held for its backup (asleep: the backup; awake: the buffer a wake kept for the
+ * next backed-up sleep, which graphalloc_empty_cache frees). Any output may be NULL. */
 int graphalloc_pool_sleep_state(int device, uint64_t pool, int* asleep, size_t* sleeping_bytes,
                                 size_t* backup_bytes);
 

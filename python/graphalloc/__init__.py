@@ -301,6 +301,8 @@ def record_history(device: int = 0, enabled: bool = True, max_entries: int = 100
 
 
 def empty_cache(device: int = 0) -> None:
+    """Returns `device`'s unused cached memory to the driver, and frees the pinned buffers wakes kept for the
+    next backed-up sleep."""
     _check("graphalloc_empty_cache", library().graphalloc_empty_cache(int(device)))
 
 
@@ -500,7 +502,8 @@ def pool_wake(pool: int, device: int = 0) -> None:
 
 def pool_sleep_state(pool: int = 0, device: int = 0) -> dict:
     """Whether `pool` (0: the default pool) sleeps: {"asleep": bool, "sleeping_bytes": bytes of its address
-    space whose memory is asleep, "backup_bytes": pinned host bytes of its backup}."""
+    space whose memory is asleep, "backup_bytes": pinned host bytes held for its backup (asleep: the backup;
+    awake: the buffer the wake kept for the next backed-up sleep, until empty_cache())}."""
     asleep = ctypes.c_int(0)
     sleeping, backup = ctypes.c_size_t(0), ctypes.c_size_t(0)
     _check("graphalloc_pool_sleep_state",
