@@ -46,8 +46,12 @@ class SleepWakeTest(unittest.TestCase):
         self.assertFalse(ga.pool_sleep_state(kv)["asleep"])
         self.assertFalse(ga.pool_sleep_state(0)["asleep"])
         ga.wake("weights")
-        self.assertEqual(ga.pool_sleep_state(weights), {"asleep": False, "sleeping_bytes": 0, "backup_bytes": 0})
+        # Awake, the pinned buffer kept for the next backed-up sleep until empty_cache.
+        self.assertEqual(ga.pool_sleep_state(weights),
+                         {"asleep": False, "sleeping_bytes": 0, "backup_bytes": 4 * MiB})
         self.assertTrue(holds(w, 4 * MiB, 0x3C))
+        ga.empty_cache(0)
+        self.assertEqual(ga.pool_sleep_state(weights), {"asleep": False, "sleeping_bytes": 0, "backup_bytes": 0})
         # The pool goes on serving at the addresses it had: a freed block comes back at the same place.
         ga.free(w, 0)
         self.assertEqual(malloc_in(weights, 4 * MiB), w)
