@@ -2,7 +2,6 @@
 #include "graphalloc/allocator/pool_sleep.h"
 
 #include <algorithm>
-#include <limits>
 #include <optional>
 #include <utility>
 
@@ -482,7 +481,8 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
   }
   if (job.targets.empty()) return WakeResult{};
   WakeResult result;
-  absl::Status error = MapAndRestore(job, &result);
+  absl::Status error = MapAll(job);
+  if (error.ok()) error = Restore(job, &result);
   if (!error.ok()) {
     result.bytes_restored = 0;
     UndoMaps(job);
@@ -492,56 +492,14 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
   return result;
 }
 
-absl::Status PoolSleep::MapAndRestore(WakeJob& job, WakeResult* result) {
+absl::Status PoolSleep::MapAll(WakeJob& job) {
   std::vector<int> peers;
   {
     MutexLock lock(&device_mu_);
     peers = expandable_.peers();
   }
-  // Chunks in address order, and each block's copy queued as soon as every chunk under it is mapped and
-  // accessible: the copies of the first blocks run while the later chunks are created and mapped (creating
-  // is most of a wake's driver time, ~2 ms per GiB on an H200, against ~20 ms to copy a GiB back).
-  // (job.chunks keeps its order, pool by pool, for the history the settling records.)
-  std::vector<std::size_t> order(job.chunks.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return job.chunks[a].chunk.ptr < job.chunks[b].chunk.ptr; });
-  std::sort(job.restores.begin(), job.restores.end(),
-            [](const WakeJob::Restore& a, const WakeJob::Restore& b) { return a.ptr < b.ptr; });
-  absl::Status error;
-  bool queued = false;
-  std::size_t next_restore = 0;
-  // Queues the copies of the blocks that end at or below `frontier` (no chunk still to map lies below it).
-  auto restore_below = [&](DevicePtr frontier) {
-    for (; next_restore < job.restores.size(); ++next_restore) {
-      const WakeJob::Restore& r = job.restores[next_restore];
-      if (r.ptr + r.size > frontier) return absl::OkStatus();
-      GRAPHALLOC_RETURN_IF_ERROR(
-          driver_.CopyAsync(r.ptr, reinterpret_cast<DevicePtr>(r.host), r.size, kDefaultStream));
-      queued = true;
-      result->bytes_restored += r.size;
-    }
-    return absl::OkStatus();
-  };
-  for (std::size_t k = 0; k < order.size() && error.ok(); ++k) {
-    error = MapChunk(job, order[k], peers);
-    if (!error.ok()) break;
-    error = restore_below(k + 1 < order.size() ? job.chunks[order[k + 1]].chunk.ptr
-                                               : std::numeric_limits<DevicePtr>::max());
-  }
-  // Blocks whose chunks all stayed mapped (their unmap was refused) have nothing to wait for.
-  if (error.ok()) error = restore_below(std::numeric_limits<DevicePtr>::max());
-  // Landed before Wake returns (the memory is then ready for any stream), or before a failure unmaps it.
-  if (queued) {
-    absl::Status s = driver_.StreamSynchronize(kDefaultStream);
-    if (!s.ok() && error.ok()) error = s;
-  }
-  return error;
-}
-
-absl::Status PoolSleep::MapChunk(WakeJob& job, std::size_t i, const std::vector<int>& peers) {
-  WakeJob::Chunk& c = job.chunks[i];
-  if (!c.was_mapped) {
+  for (WakeJob::Chunk& c : job.chunks) {
+    if (c.was_mapped) continue;
     if (!c.has_handle) {
       absl::StatusOr<PhysicalHandle> handle = driver_.MemCreate(c.chunk.size);
       if (!handle.ok()) return handle.status();
@@ -551,8 +509,28 @@ absl::Status PoolSleep::MapChunk(WakeJob& job, std::size_t i, const std::vector<
     GRAPHALLOC_RETURN_IF_ERROR(driver_.MemMap(c.chunk.ptr, c.chunk.size, c.chunk.handle));
     c.mapped_now = true;
   }
-  // A chunk left mapped by an earlier failed wake gets its access here too.
-  return driver_.MemSetAccess(c.chunk.ptr, c.chunk.size, peers);
+  // Access last, once everything is mapped: a chunk left mapped by an earlier failure gets it here too.
+  for (const WakeJob::Chunk& c : job.chunks) {
+    GRAPHALLOC_RETURN_IF_ERROR(driver_.MemSetAccess(c.chunk.ptr, c.chunk.size, peers));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PoolSleep::Restore(WakeJob& job, WakeResult* result) {
+  absl::Status error;
+  bool queued = false;
+  for (const WakeJob::Restore& r : job.restores) {
+    error = driver_.CopyAsync(r.ptr, reinterpret_cast<DevicePtr>(r.host), r.size, kDefaultStream);
+    if (!error.ok()) break;
+    queued = true;
+    result->bytes_restored += r.size;
+  }
+  // Landed before Wake returns (the memory is then ready for any stream), or before a failure unmaps it.
+  if (queued) {
+    absl::Status s = driver_.StreamSynchronize(kDefaultStream);
+    if (!s.ok() && error.ok()) error = s;
+  }
+  return error;
 }
 
 void PoolSleep::UndoMaps(WakeJob& job) {

@@ -19,12 +19,10 @@
 //          3. unmap and release every chunk; a chunk the driver refuses to unmap stays mapped and reserved
 //             (its pool sleeps all the same; the error says how much was released); a handle the driver
 //             refuses to release goes to the handle cache (EmptyCache retries it).
-//   Wake   1. map every sleeping chunk in address order (a cached handle of its size first, else a new
-//             one) and grant access, queueing the copy back of each backed-up block still allocated as
-//             soon as the chunks under it are mapped, so that copying overlaps mapping;
-//          2. wait for the copies; any failure of 1 or 2 waits for the copies queued, unmaps what this
-//             wake mapped and leaves the pool asleep, its backup kept (a chunk whose undo the driver
-//             refuses stays mapped, asleep, and the next wake reuses it);
+//   Wake   1. map every sleeping chunk (a cached handle of its size first, else a new one) and grant access;
+//          2. restore the backed-up blocks still allocated; any failure of 1 or 2 unmaps what this wake
+//             mapped and leaves the pool asleep, its backup kept (a chunk whose undo the driver refuses
+//             stays mapped, asleep, and the next wake reuses it);
 //          3. account the chunks as mapped, keep the backup's pinned memory for the next backed-up sleep
 //             (or free it: WakeRequest::keep_backup_memory), mark the pool awake.
 //
@@ -192,9 +190,8 @@ class PoolSleep {
   void UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status* error);
   void Abandon(SleepJob& job);
   // Wake phases.
-  absl::Status MapAndRestore(WakeJob& job, WakeResult* result);
-  // Maps job.chunks[i] (unless an earlier failed wake left it mapped) and grants it access.
-  absl::Status MapChunk(WakeJob& job, std::size_t i, const std::vector<int>& peers);
+  absl::Status MapAll(WakeJob& job);
+  absl::Status Restore(WakeJob& job, WakeResult* result);
   void UndoMaps(WakeJob& job);
   void SettleWake(WakeJob& job, WakeResult* result, absl::Status* error);
 

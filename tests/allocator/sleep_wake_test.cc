@@ -6,7 +6,6 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <span>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -14,7 +13,6 @@
 
 #include "absl/strings/str_format.h"
 #include "graphalloc/allocator/caching_allocator.h"
-#include "graphalloc/allocator/device/forwarding_driver.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/size_policy.h"
@@ -863,65 +861,6 @@ TEST_F(SleepWakeTest, AChunkAFailedWakeCouldNotUnmapIsReusedByTheNextWake) {
 }
 
 // A wake takes cached handles of a chunk's size before it creates new ones.
-// The driver calls of a wake that decide how much copying overlaps mapping, in order.
-class WakeCallOrder final : public ForwardingDriver {
- public:
-  using ForwardingDriver::ForwardingDriver;
-  absl::StatusOr<PhysicalHandle> MemCreate(std::size_t size) override {
-    log.push_back(absl::StrFormat("create %d MiB", size / kMiB));
-    return ForwardingDriver::MemCreate(size);
-  }
-  absl::Status MemMap(DevicePtr ptr, std::size_t size, PhysicalHandle handle) override {
-    log.push_back("map");
-    return ForwardingDriver::MemMap(ptr, size, handle);
-  }
-  absl::Status MemSetAccess(DevicePtr ptr, std::size_t size, std::span<const int> peers) override {
-    log.push_back("access");
-    return ForwardingDriver::MemSetAccess(ptr, size, peers);
-  }
-  absl::Status CopyAsync(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream) override {
-    log.push_back(absl::StrFormat("copy %d MiB", bytes / kMiB));
-    return ForwardingDriver::CopyAsync(dst, src, bytes, stream);
-  }
-  absl::Status StreamSynchronize(Stream stream) override {
-    log.push_back("sync");
-    return ForwardingDriver::StreamSynchronize(stream);
-  }
-  std::vector<std::string> log;
-};
-
-// Creating a chunk costs about a tenth of copying its bytes back (H200: ~2 ms against ~20 ms per GiB), so a
-// wake copies each block back as soon as the chunks under it are mapped, while it maps the next ones.
-TEST_F(SleepWakeTest, AWakeCopiesEachBlockBackAsSoonAsTheChunksUnderItAreMapped) {
-  auto order = std::make_shared<WakeCallOrder>(sim_);
-  route_ = PoolRoute();
-  pools_.clear();
-  allocator_.reset();
-  Config config;
-  config.expandable_segments = true;
-  absl::StatusOr<std::unique_ptr<CachingAllocator>> allocator = CachingAllocator::Create(order, config);
-  ASSERT_TRUE(allocator.ok()) << allocator.status();
-  allocator_ = std::move(*allocator);
-  const PoolId pool = NewPool("weights");
-  RouteTo(pool);
-  const DevicePtr a = Alloc(2 * kMiB);  // one 2 MiB chunk
-  const DevicePtr b = Alloc(4 * kMiB);  // one 4 MiB chunk, above it
-  route_ = PoolRoute();
-  ASSERT_LT(a, b);
-  Fill(a, 2 * kMiB, 61);
-  Fill(b, 4 * kMiB, 62);
-  ASSERT_OK(allocator_->Sleep(SleepPool(pool, SleepMode::kBackup)).status());
-  order->log.clear();
-  ASSERT_OK(allocator_->Wake(WakePool(pool)).status());
-  EXPECT_EQ(order->log, (std::vector<std::string>{"create 2 MiB", "map", "access", "copy 2 MiB",
-                                                  "create 4 MiB", "map", "access", "copy 4 MiB", "sync"}));
-  ExpectInvariants();
-  EXPECT_TRUE(Holds(a, 2 * kMiB, 61));
-  EXPECT_TRUE(Holds(b, 4 * kMiB, 62));
-  ASSERT_OK(allocator_->Free(a));
-  ASSERT_OK(allocator_->Free(b));
-}
-
 TEST_F(SleepWakeTest, AWakeReusesCachedHandlesOfTheSameSize) {
   const PoolId kv = NewPool("kv");
   RouteTo(kv);
