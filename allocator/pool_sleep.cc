@@ -579,11 +579,8 @@ void PoolSleep::SettleWake(WakeJob& job, WakeResult* result, absl::Status* error
       const Record& record = it->second;
       // A pool gone while asleep will not sleep again.
       const bool keep = job.keep_backup_memory && (t.id == kDefaultPool || pools_.Find(t.id) != nullptr);
+      // The pool has no kept buffer now: its backed-up sleep took it (CheckInvariants).
       if (record.backup != nullptr && keep) {
-        if (auto old = kept_.find(t.id); old != kept_.end()) {  // cannot be: its sleep took it
-          backups.push_back(old->second.host);
-          kept_.erase(old);
-        }
         kept_.emplace(t.id, KeptBackup{record.backup, record.backup_capacity});
       } else if (record.backup != nullptr) {
         backups.push_back(record.backup);
@@ -644,6 +641,10 @@ absl::Status PoolSleep::CheckInvariants() const {
     if (!IsAsleep(id)) {
       return InvariantViolation(absl::StrFormat("%s has a sleep record but allocations from it are allowed",
                                                 PoolName(id, record.tag)));
+    }
+    if (record.backup != nullptr && kept_.contains(id)) {
+      return InvariantViolation(
+          absl::StrFormat("%s holds a backup and a kept buffer at once", PoolName(id, record.tag)));
     }
   }
   return absl::OkStatus();

@@ -273,7 +273,7 @@ TEST_F(SleepWakeTest, ASecondBackedUpSleepReusesThePinnedMemoryTheWakeKept) {
   EXPECT_EQ(sim_->CallCount(SimCall::kHostFree), 1u);
   EXPECT_EQ(sim_->Counters().host_bytes, 8 * kMiB);
   ExpectInvariants();
-  // A discarding sleep leaves the kept buffer alone; a wake told not to keep frees it.
+  // A wake told not to keep the buffer frees it.
   ASSERT_OK(
       allocator_->Wake(WakeRequest{.scope = SleepScope::Pool(pool), .keep_backup_memory = false}).status());
   EXPECT_TRUE(Holds(c, 2 * kMiB, 33));
