@@ -1,0 +1,166 @@
+"""NCCL collectives inside CUDA graphs on expandable segments: the torchtitan case (issue 21, item 1).
+
+One process per GPU (torch.multiprocessing, NCCL backend), NCCL's graph registration left on
+(NCCL_GRAPH_REGISTER unset: NCCL registers the buffers a captured collective uses, resolving each pointer to
+the physical handle under it). Each rank captures an all-reduce and an all-gather in `torch.cuda.graph`, and
+the same step under `torch.compile(mode="reduce-overhead")`, replays each REPLAYS times with fresh inputs
+copied into the static inputs, and compares every replay with the same collectives run eagerly.
+
+    python nccl_in_graphs.py --allocator graphalloc --config expandable_segments:True,handle_aligned:True
+    python nccl_in_graphs.py --allocator native --config expandable_segments:True
+
+`--allocator native` runs PyTorch's own allocator with PYTORCH_CUDA_ALLOC_CONF=<config>, for comparison.
+Prints one JSON line per rank ("RESULT {...}") and exits 0 when every rank matched eager, 1 otherwise, 77
+(skip) without PyTorch, NCCL or a GPU. World size: --world, default min(2, GPUs); one rank still runs every
+collective through NCCL."""
+import argparse
+import json
+import os
+import sys
+import traceback
+
+SKIP = 77
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+# Sizes: small enough that 100 replays are quick, large enough that the buffers span several 2 MiB pages and,
+# in expandable segments, can straddle a physical handle's end (the case NCCL's registration gets wrong).
+ELEMENTS = (3 << 20) + 12345  # floats: ~12 MiB, not a multiple of any page size
+
+
+def setup_allocator(args) -> None:
+    """Before CUDA starts in this process: graphalloc as PyTorch's allocator, or PyTorch's own configured."""
+    if args.allocator == "graphalloc":
+        import graphalloc.torch as gat
+        gat.install(config=args.config or None)
+    else:
+        if args.config:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.config
+
+
+def worker(rank: int, world: int, args, port: int) -> None:
+    setup_allocator(args)
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    torch.cuda.set_device(rank)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    group = dist.group.WORLD
+    result = {"rank": rank, "world": world, "allocator": args.allocator, "config": args.config,
+              "nccl_graph_register": os.environ.get("NCCL_GRAPH_REGISTER", "(unset)"),
+              "nccl": ".".join(map(str, torch.cuda.nccl.version())), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name(rank), "failures": []}
+    if args.allocator == "graphalloc":
+        import graphalloc.torch as gat
+        result["backend"] = gat.backend()
+
+    def inputs(step: int):
+        # Different on every rank and every step; exact in float32 (small integers).
+        base = torch.arange(ELEMENTS, device="cuda", dtype=torch.float32) % 251
+        return base + float(rank * 1000 + step)
+
+    def eager(x):
+        y = x * 2
+        dist.all_reduce(y)
+        g = torch.empty(world * x.numel(), device="cuda", dtype=x.dtype)
+        dist.all_gather_into_tensor(g, x)
+        return y + 1, g
+
+    def check(kind: str, step: int, got, want) -> None:
+        for name, a, b in zip(("all_reduce", "all_gather"), got, want):
+            if not torch.equal(a, b):
+                bad = (a != b).nonzero()
+                result["failures"].append(f"{kind} replay {step}: {name} differs from eager at "
+                                          f"{bad.numel()} elements, first {bad[:1].tolist()}")
+
+    try:
+        # Warm up NCCL and the allocator on a side stream, as torch.cuda.graph's docs ask.
+        static_x = inputs(0)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                eager(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = eager(static_x)
+        for step in range(1, args.replays + 1):
+            static_x.copy_(inputs(step))
+            graph.replay()
+            want = eager(inputs(step))
+            check("torch.cuda.graph", step, static_out, want)
+        result["cuda_graph_replays"] = args.replays
+        del graph, static_out
+
+        def compiled_step(x):
+            y = funcol.all_reduce(x * 2, "sum", group)
+            g = funcol.all_gather_tensor(x, 0, group)
+            return y + 1, g
+
+        compiled = torch.compile(compiled_step, mode="reduce-overhead")
+        for step in range(1, args.replays + 1):
+            x = inputs(step)
+            got = compiled(x)
+            got = tuple(t.clone() for t in got)  # the next replay overwrites cudagraph outputs
+            want = eager(x)
+            check("reduce-overhead", step, got, want)
+        torch.cuda.synchronize()
+        result["compiled_replays"] = args.replays
+        try:
+            from torch._inductor import metrics  # noqa: F401
+            from torch._dynamo.utils import counters
+            result["cudagraph_skips"] = dict(counters["inductor"]).get("cudagraph_skips", 0)
+        except Exception as e:  # the counters' names move between versions: report, do not fail
+            result["cudagraph_skips"] = f"unknown ({e})"
+        if args.allocator == "graphalloc":
+            import graphalloc.torch as gat
+            result["graphalloc_config"] = gat.config(rank)
+    except Exception as e:
+        result["failures"].append(f"exception: {type(e).__name__}: {e}")
+        traceback.print_exc()
+    result["ok"] = not result["failures"]
+    print("RESULT " + json.dumps(result), flush=True)
+    dist.destroy_process_group()
+    sys.exit(0 if result["ok"] else 1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--allocator", choices=("graphalloc", "native"), default="graphalloc")
+    p.add_argument("--config", default="expandable_segments:True")
+    p.add_argument("--replays", type=int, default=100)
+    p.add_argument("--world", type=int, default=0)
+    args = p.parse_args()
+    try:
+        import torch
+        import torch.multiprocessing as mp
+    except ImportError as e:
+        print(f"SKIP: PyTorch is not installed ({e})")
+        return SKIP
+    if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
+        print("SKIP: no CUDA device or no NCCL in this PyTorch")
+        return SKIP
+    world = args.world or min(2, torch.cuda.device_count())
+    if world > torch.cuda.device_count():
+        print(f"SKIP: --world {world} needs {world} GPUs, this machine has {torch.cuda.device_count()}")
+        return SKIP
+    port = 29500 + os.getpid() % 1000
+    ctx = mp.start_processes(worker, args=(world, args, port), nprocs=world, join=False, start_method="spawn")
+    ok = True
+    try:
+        while not ctx.join():
+            pass
+    except Exception as e:  # a rank exited non-zero: its RESULT line says why
+        print(f"FAILED: {e}", flush=True)
+        ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
