@@ -125,6 +125,11 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
   absl::StatusOr<DevicePtr> base =
       source != nullptr ? source->Allocate(segment_size, shard.stream) : driver_->MemAlloc(segment_size);
   if (base.ok() && *base == 0) base = absl::ResourceExhaustedError("the segment source returned no memory");
+  // Before the segment's first block is handed out (a source's segments are not the allocator's mappings).
+  if (base.ok() && source == nullptr) {
+    hooks_.Map(shard.pool != nullptr ? shard.pool->id : kDefaultPool, *base, segment_size, PhysicalHandle{},
+               false);
+  }
   SpinLockHolder shard_lock(&shard.mu);
   BlockPool& pool = shard.PoolFor(request.size);
   auto* segment = new Segment;
@@ -172,6 +177,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
         for (const FreeKey& key : pool->blocks) {
           Block* b = key.block;
           if (b->IsSplit() || b->segment->expandable) continue;
+          if (expandable_.MustStayMapped(*b->segment, b->ptr, b->end())) continue;
           if (only_oversize && b->size < config_.max_split_size) continue;
           candidates.push_back(b);
         }
@@ -223,7 +229,11 @@ absl::Status CachingAllocator::ReleaseSegments(std::vector<Segment*> segments) {
   absl::Status first_error;
   std::int64_t released = 0;
   for (Segment* segment : segments) {
+    const PoolId pool = PoolOf(*segment);
+    const bool reported = segment->source == nullptr;
+    if (reported) hooks_.Unmap(pool, segment->base, segment->size, PhysicalHandle{}, false);
     absl::Status s = FreeSegmentMemory(*segment);
+    if (!s.ok() && reported) hooks_.Map(pool, segment->base, segment->size, PhysicalHandle{}, false);
     StreamShard& shard = *segment->shard;
     SpinLockHolder shard_lock(&shard.mu);
     --shard.blocks_in_release;
@@ -268,6 +278,7 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
         const BlockPool& pool = shard->large_pool;
         for (const FreeKey& key : pool.blocks) {
           if (key.block->IsSplit() || key.block->segment->expandable) continue;
+          if (expandable_.MustStayMapped(*key.block->segment, key.block->ptr, key.block->end())) continue;
           candidates.push_back(key.block);
           total_age += static_cast<double>(pool.free_block_lookups - key.block->gc_count_base);
         }

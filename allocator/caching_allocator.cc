@@ -81,7 +81,8 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       segments_(config_.max_split_size, history_),
       budget_(driver_->Info().total_memory),
       captures_(*driver_),
-      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_}),
+      hooks_(driver_->Info().ordinal),
+      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_, hooks_}),
       sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
               [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
   if (config_.record_history) {
@@ -110,19 +111,30 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     (void)driver_->EventDestroy(e);
   }
   for (auto& [base, segment] : segments_) {
+    const PoolId pool = PoolOf(*segment);
     if (segment->vmm != nullptr) {
       for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
+        // A quarantined chunk was never reported (it had no access).
+        bool accessible;
+        {
+          MutexLock lock(&device_mu_);
+          accessible = expandable_.Accessible(ptr);
+        }
+        if (accessible) hooks_.Unmap(pool, ptr, chunk.size, chunk.handle, true);
         (void)driver_->MemUnmap(ptr, chunk.size);
         (void)driver_->MemRelease(chunk.handle);
       }
       // Sleeping chunks hold memory only when a failed wake left them mapped.
       for (const auto& [ptr, chunk] : segment->vmm->sleeping_chunks()) {
         if (!chunk.mapped) continue;
+        hooks_.Unmap(pool, ptr, chunk.size, chunk.handle, true);
         (void)driver_->MemUnmap(ptr, chunk.size);
         (void)driver_->MemRelease(chunk.handle);
       }
       (void)driver_->AddressFree(segment->base, segment->size);
     } else {
+      if (segment->source == nullptr)
+        hooks_.Unmap(pool, segment->base, segment->size, PhysicalHandle{}, false);
       (void)FreeSegmentMemory(*segment);
     }
     delete segment;
@@ -336,9 +348,13 @@ void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
 
 absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   AllShardsLock lock(shards_, device_mu_);
-  return InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
-                           driver_->Info().granularity, &sleep_})
-      .Run();
+  if (absl::Status s = InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
+                                         driver_->Info().granularity, &sleep_})
+                           .Run();
+      !s.ok()) {
+    return s;
+  }
+  return hooks_.CheckInvariants();
 }
 
 absl::Status CachingAllocator::EnablePeerAccess(int peer_ordinal) {

@@ -54,6 +54,8 @@
 #include "graphalloc/allocator/device/driver.h"
 #include "graphalloc/allocator/expandable_segments.h"
 #include "graphalloc/allocator/history/history_ring.h"
+#include "graphalloc/allocator/mapping_hooks.h"
+#include "graphalloc/allocator/mapping_observer.h"
 #include "graphalloc/allocator/memory_budget.h"
 #include "graphalloc/allocator/pool_checkpoint.h"
 #include "graphalloc/allocator/pool_registry.h"
@@ -174,6 +176,26 @@ class CachingAllocator {
   // Whether `pool` (kDefaultPool: the default pool) sleeps, and its figures. NotFound for no such pool.
   absl::StatusOr<SleepState> GetSleepState(PoolId pool) const;
 
+  // ---- Mapping observers and pins (mapping_observer.h says the rules). ----
+  // Tells `observer` of every map and unmap from now on; with `replay_existing`, first of every mapping
+  // that exists now (OnMap each), so that a library attaching late registers what is mapped already. The
+  // replay is exact when no other thread maps or unmaps meanwhile (a growth underway may be told twice or
+  // missed). AlreadyExists when it is registered already.
+  absl::Status AddMappingObserver(std::shared_ptr<MappingObserver> observer, bool replay_existing = false);
+  // No more calls to `observer` once this returns (a call underway on another thread may still finish).
+  // NotFound when it is not registered.
+  absl::Status RemoveMappingObserver(const MappingObserver* observer);
+  // Exceptions observers let escape (they must not throw).
+  MappingObserverErrors GetMappingObserverErrors() const { return hooks_.errors(); }
+  // Keeps every chunk (or regular segment) holding a byte of [ptr, ptr + size) mapped until unpinned: no
+  // EmptyCache, release before out-of-memory, garbage collection or growth unmaps or moves it, and a pool
+  // holding one cannot sleep. Counted: as many UnpinMapping calls of the same range undo it. The range must
+  // lie inside one segment of this allocator (InvalidArgument otherwise); it may cover memory not mapped
+  // yet, which is then kept once mapped.
+  absl::Status PinMapping(DevicePtr ptr, std::size_t size);
+  // NotFound when [ptr, ptr + size) is not pinned (exactly this range).
+  absl::Status UnpinMapping(DevicePtr ptr, std::size_t size);
+
   const Config& config() const { return config_; }
   Driver& driver() const { return *driver_; }
 
@@ -271,6 +293,8 @@ class CachingAllocator {
   CaptureTracker captures_;
   // Open routes and frees deferred until no capture route is open (route_table.h).
   RouteTable routes_;
+  // Mapping observers and pinned ranges (mapping_hooks.h); its lock is a leaf.
+  MappingHooks hooks_;
   // Growth and release of expandable segments, their handle cache, peers and quarantine
   // (expandable_segments.h).
   ExpandableSegments expandable_;

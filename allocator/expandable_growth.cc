@@ -25,6 +25,7 @@ ExpandableSegments::ExpandableSegments(const Parts& parts)
       segments_(parts.segments),
       budget_(parts.budget),
       captures_(parts.captures),
+      hooks_(parts.hooks),
       reservation_(RoundUp(parts.driver.Info().total_memory, parts.driver.Info().granularity)),
       granularity_(parts.driver.Info().granularity) {}
 
@@ -92,7 +93,8 @@ bool ExpandableSegments::PlanGrowth(StreamShard& shard, BlockPool& pool, std::si
   // stream's work (ExecuteGrowth), which a capture cannot do.
   const bool pinned = shard.pool != nullptr && shard.pool->pins.load(std::memory_order_acquire) > 0;
   const bool capturing = captures_.underway();
-  planner.FindIdleChunks(/*may_move=*/!pinned && !capturing);
+  const bool communication = shard.pool != nullptr && shard.pool->options.communication;
+  planner.FindIdleChunks(/*may_move=*/!pinned && !capturing && !communication, &hooks_);
   MutexLock lock(&device_mu_);
   const std::size_t reserved = segments_.reserved_bytes();
   const std::size_t committed = budget_.Committed(reserved, handles_.bytes(), size);
@@ -152,10 +154,13 @@ void ExpandableSegments::UnmapStolenChunks(StreamShard& shard, const GrowthPlan&
   x.error = captures_.WaitForWorkBeforeUnmap(shard.stream);
   for (std::size_t i = 0; x.error.ok() && i < plan.stolen_chunks.size(); ++i) {
     const ChunkPlacement& c = plan.stolen_chunks[i];
+    const PoolId pool = PoolOf(*plan.stolen[i]->segment);
+    hooks_.Unmap(pool, c.ptr, c.size, c.handle, true);
     absl::Status s = driver_.MemUnmap(c.ptr, c.size);
     if (s.ok()) {
       x.stolen_unmapped[i] = true;
     } else {
+      hooks_.Map(pool, c.ptr, c.size, c.handle, true);  // still mapped where it was
       x.error = s;
     }
   }
@@ -204,7 +209,10 @@ void ExpandableSegments::MapHoles(const GrowthPlan& plan, Execution& x) {
     }
     x.mapped[done].assign(x.placed[done].size(), true);
   }
-  if (x.error.ok()) return;
+  if (x.error.ok()) {
+    NotifyMappedHoles(plan, x);
+    return;
+  }
   // Undo the holes mapped before the failure; a chunk whose unmap fails stays mapped, with its access, as
   // a free block (and accounted).
   for (std::size_t i = 0; i < done; ++i) {
@@ -218,6 +226,19 @@ void ExpandableSegments::MapHoles(const GrowthPlan& plan, Execution& x) {
       if (x.placed[done][k].ptr != c.ptr) continue;
       x.mapped[done][k] = true;
       x.no_access[done][k] = true;
+    }
+  }
+  NotifyMappedHoles(plan, x);
+}
+
+void ExpandableSegments::NotifyMappedHoles(const GrowthPlan& plan, const Execution& x) {
+  // Before the settlement hands any of it out; a quarantined chunk (no access) is told of once repaired.
+  for (std::size_t i = 0; i < x.placed.size(); ++i) {
+    const PoolId pool = PoolOf(*plan.holes[i].block->segment);
+    for (std::size_t k = 0; k < x.placed[i].size(); ++k) {
+      if (!x.mapped[i][k] || x.no_access[i][k]) continue;
+      const ChunkPlacement& c = x.placed[i][k];
+      hooks_.Map(pool, c.ptr, c.size, c.handle, true);
     }
   }
 }

@@ -26,6 +26,8 @@ absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) {
     absl::Status s = driver_.MemSetAccess(c.ptr, c.size, peers);
     if (s.ok()) {
       outcomes[i] = kAccessible;
+      // Accessible now, and about to be handed out: its first report.
+      hooks_.Map(PoolOf(*work[i].block->segment), c.ptr, c.size, c.handle, true);
       continue;
     }
     if (may_unmap) {

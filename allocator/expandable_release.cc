@@ -15,6 +15,15 @@ struct ExpandableSegments::ReleaseJob {
   std::vector<bool> still_mapped;
 };
 
+bool ExpandableSegments::MustStayMapped(const Segment& segment, DevicePtr begin, DevicePtr end) const {
+  const PoolState* pool = segment.shard->pool;
+  // A communication pool keeps its chunks registered (mapped) until the pool goes (PoolOptions).
+  if (pool != nullptr && pool->options.communication && !pool->orphaned.load(std::memory_order_acquire)) {
+    return true;
+  }
+  return hooks_.Pinned(begin, end);
+}
+
 absl::StatusOr<std::size_t> ExpandableSegments::Release(PoolId scope) {
   // Quarantined chunks first: unmapped here, or made accessible and so free memory the sweep can unmap.
   absl::Status first_error = RepairQuarantinedChunks(/*may_unmap=*/true);
@@ -44,11 +53,21 @@ void ExpandableSegments::CarveIdleChunks(PoolId scope, std::vector<ReleaseJob>* 
           candidates.push_back(it->block);
       }
       for (Block* b : candidates) {
-        std::vector<ChunkPlacement> chunks = b->segment->vmm->ChunksWithin(b->ptr, b->end());
-        if (chunks.empty()) continue;
-        Block* mid =
-            blocks_.CarveRange(*shard, b, chunks.front().ptr, chunks.back().ptr + chunks.back().size);
-        jobs->push_back({shard, mid, std::move(chunks), {}});
+        // Runs of chunks that may go (a pinned one stays), carved highest first so that `b` keeps the
+        // lower part holding the rest.
+        std::vector<std::vector<ChunkPlacement>> runs(1);
+        for (const ChunkPlacement& c : b->segment->vmm->ChunksWithin(b->ptr, b->end())) {
+          if (MustStayMapped(*b->segment, c.ptr, c.ptr + c.size)) {
+            if (!runs.back().empty()) runs.emplace_back();
+            continue;
+          }
+          runs.back().push_back(c);
+        }
+        for (auto run = runs.rbegin(); run != runs.rend(); ++run) {
+          if (run->empty()) continue;
+          Block* mid = blocks_.CarveRange(*shard, b, run->front().ptr, run->back().ptr + run->back().size);
+          jobs->push_back({shard, mid, std::move(*run), {}});
+        }
       }
     }
   });
@@ -70,14 +89,18 @@ absl::Status ExpandableSegments::UnmapJobs(std::vector<ReleaseJob>& jobs,
   }
   for (ReleaseJob& job : jobs) {
     job.still_mapped.assign(job.chunks.size(), true);
+    const PoolId pool = PoolOf(*job.block->segment);
     for (std::size_t i = 0; device_idle && i < job.chunks.size(); ++i) {
-      absl::Status s = driver_.MemUnmap(job.chunks[i].ptr, job.chunks[i].size);
+      const ChunkPlacement& c = job.chunks[i];
+      hooks_.Unmap(pool, c.ptr, c.size, c.handle, true);
+      absl::Status s = driver_.MemUnmap(c.ptr, c.size);
       if (s.ok()) {
         job.still_mapped[i] = false;
-        to_release->push_back(job.chunks[i]);
-      } else if (first_error.ok()) {
-        first_error = s;
+        to_release->push_back(c);
+        continue;
       }
+      hooks_.Map(pool, c.ptr, c.size, c.handle, true);  // the driver kept it mapped
+      if (first_error.ok()) first_error = s;
     }
   }
   return first_error;

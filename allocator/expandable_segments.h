@@ -36,6 +36,7 @@
 #include "graphalloc/allocator/device/driver.h"
 #include "graphalloc/allocator/growth_plan.h"
 #include "graphalloc/allocator/handle_cache.h"
+#include "graphalloc/allocator/mapping_hooks.h"
 #include "graphalloc/allocator/memory_budget.h"
 #include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/segment_ledger.h"
@@ -54,8 +55,15 @@ class ExpandableSegments {
     SegmentLedger& segments;
     MemoryBudget& budget;
     CaptureTracker& captures;
+    MappingHooks& hooks;
   };
   explicit ExpandableSegments(const Parts& parts);
+
+  // The observers every map and unmap is reported to, and the pins no release may unmap (mapping_hooks.h).
+  MappingHooks& hooks() const { return hooks_; }
+  // Whether the chunk [begin, end) of `segment` must stay mapped: a byte of it is pinned
+  // (CachingAllocator::PinMapping), or its pool is a communication pool that is not being destroyed.
+  bool MustStayMapped(const Segment& segment, DevicePtr begin, DevicePtr end) const;
 
   // ---- Growth (expandable_growth.cc). ----
   // Serves `request` from the shard's expandable segment of its pool kind, mapping physical memory where
@@ -116,6 +124,7 @@ class ExpandableSegments {
   void UnmapStolenChunks(StreamShard& shard, const GrowthPlan& plan, Execution& x);
   void CreateHandles(GrowthPlan& plan, Execution& x);
   void MapHoles(const GrowthPlan& plan, Execution& x);
+  void NotifyMappedHoles(const GrowthPlan& plan, const Execution& x);
   void SettleGrowth(StreamShard& shard, const GrowthPlan& plan, bool admitted, const Execution& x);
 
   // Release steps (expandable_release.cc).
@@ -136,6 +145,7 @@ class ExpandableSegments {
   SegmentLedger& segments_ ABSL_GUARDED_BY(device_mu_);
   MemoryBudget& budget_ ABSL_GUARDED_BY(device_mu_);
   CaptureTracker& captures_;
+  MappingHooks& hooks_;
   const std::size_t reservation_;  // the size of every reserved range: the device's memory, rounded up
   const std::size_t granularity_;
   // Unmapped physical handles kept for reuse (handle_cache.h).

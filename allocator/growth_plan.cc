@@ -89,14 +89,16 @@ bool GrowthPlanner::TakeRange() {
   return true;
 }
 
-void GrowthPlanner::FindIdleChunks(bool may_move) {
+void GrowthPlanner::FindIdleChunks(bool may_move, const MappingHooks* hooks) {
   for (BlockPool* p : {&shard_.large_pool, &shard_.small_pool}) {
     if (!may_move) break;
     for (auto it = p->LowerBound(gran_); it != p->blocks.end(); ++it) {
       Block* b = it->block;
       if (!b->segment->expandable) continue;
-      for (const ChunkPlacement& c : b->segment->vmm->ChunksWithin(b->ptr, b->end()))
+      for (const ChunkPlacement& c : b->segment->vmm->ChunksWithin(b->ptr, b->end())) {
+        if (hooks != nullptr && hooks->Pinned(c.ptr, c.ptr + c.size)) continue;
         idle_.push_back({b, c, false});
+      }
     }
   }
   std::size_t idle_in_pool = 0;

@@ -24,6 +24,7 @@
 #include "graphalloc/allocator/block_pool.h"
 #include "graphalloc/allocator/expandable_segment.h"
 #include "graphalloc/allocator/handle_cache.h"
+#include "graphalloc/allocator/mapping_hooks.h"
 #include "graphalloc/allocator/stream_shard.h"
 
 namespace graphalloc {
@@ -69,8 +70,9 @@ class GrowthPlanner {
       : shard_(shard), pool_(pool), blocks_(blocks), size_(size), gran_(granularity), plan_(*plan) {}
 
   bool TakeRange();
-  // `may_move`: idle chunks may move (not while the pool is pinned or a capture is underway).
-  void FindIdleChunks(bool may_move);
+  // `may_move`: idle chunks may move (not while the pool is pinned or a capture is underway); a chunk
+  // `hooks` says is pinned (MappingHooks::Pinned) never moves.
+  void FindIdleChunks(bool may_move, const MappingHooks* hooks = nullptr);
   // The pool's free bytes outside wholly free chunks (after FindIdleChunks).
   std::size_t stranded() const { return stranded_; }
   void SourceHoles(HandleCache& cache, std::size_t max_new_chunk);

@@ -214,6 +214,8 @@ absl::Status PoolRestorer::Map(std::vector<MapJob>& jobs, const std::vector<int>
       return s;
     }
     job.mapped = true;
+    expandable_.hooks().Map(PoolOf(*job.block->segment), job.chunk.ptr, job.chunk.size, job.chunk.handle,
+                            true);
   }
   return absl::OkStatus();
 }
@@ -223,10 +225,16 @@ void PoolRestorer::UndoMaps(std::vector<MapJob>& jobs) {
   // accounted, as a free block, or quarantined when it has no access).
   for (MapJob& job : jobs) {
     if (!job.mapped) continue;
+    // Observers know of the chunks mapped with access (Map), not of one left without it.
+    const PoolId pool = PoolOf(*job.block->segment);
+    const ChunkPlacement& c = job.chunk;
+    if (!job.no_access) expandable_.hooks().Unmap(pool, c.ptr, c.size, c.handle, true);
     if (driver_.MemUnmap(job.chunk.ptr, job.chunk.size).ok()) {
       job.mapped = job.no_access = false;
       MutexLock lock(&device_mu_);
       expandable_.CacheHandle(job.chunk);
+    } else if (!job.no_access) {
+      expandable_.hooks().Map(pool, c.ptr, c.size, c.handle, true);
     }
   }
 }
@@ -276,8 +284,14 @@ void PoolRestorer::Unmap(std::vector<UnmapJob>& jobs) {
   const bool device_idle = captures_.WaitForWorkBeforeUnmap(std::nullopt).ok();
   for (UnmapJob& job : jobs) {
     const PoolState* owner = job.shard->pool;
-    const bool pinned = owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0;
-    job.unmapped = device_idle && !pinned && driver_.MemUnmap(job.chunk.ptr, job.chunk.size).ok();
+    const ChunkPlacement& c = job.chunk;
+    const bool pinned = (owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0) ||
+                        expandable_.MustStayMapped(*job.block->segment, c.ptr, c.ptr + c.size);
+    if (!device_idle || pinned) continue;
+    const PoolId pool = PoolOf(*job.block->segment);
+    expandable_.hooks().Unmap(pool, c.ptr, c.size, c.handle, true);
+    job.unmapped = driver_.MemUnmap(c.ptr, c.size).ok();
+    if (!job.unmapped) expandable_.hooks().Map(pool, c.ptr, c.size, c.handle, true);
   }
 }
 

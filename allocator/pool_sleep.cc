@@ -198,6 +198,27 @@ absl::StatusOr<std::vector<PoolSleep::Target>> PoolSleep::Resolve(const SleepSco
 
 // ---- Sleep. ----
 
+absl::Status PoolSleep::CheckNotPinned(const Segment& segment, const Target& t) const {
+  // A pinned chunk must stay mapped (CachingAllocator::PinMapping), and a communication pool's all do.
+  auto pinned = [&](DevicePtr ptr, std::size_t size) {
+    const PoolState* pool = segment.shard->pool;
+    const bool communication = pool != nullptr && pool->options.communication;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "Sleep: %s holds the chunk 0x%x (%d bytes), which must stay mapped (%s); %s", PoolName(t.id, t.tag),
+        ptr, size, communication ? "a communication pool's" : "pinned by PinMapping",
+        communication ? "communication pools do not sleep" : "unpin it before the pool sleeps"));
+  };
+  if (segment.vmm == nullptr) {
+    if (expandable_.MustStayMapped(segment, segment.base, segment.base + segment.size))
+      return pinned(segment.base, segment.size);
+    return absl::OkStatus();
+  }
+  for (const auto& [ptr, chunk] : segment.vmm->chunks()) {
+    if (expandable_.MustStayMapped(segment, ptr, ptr + chunk.size)) return pinned(ptr, chunk.size);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SleepResult> PoolSleep::Sleep(const SleepRequest& request) {
   MutexLock call(&call_mu_);
   // Held throughout: no capture begins while memory it might use is unmapped.
@@ -264,6 +285,7 @@ absl::Status PoolSleep::Prepare(const SleepRequest& request, std::vector<Target>
                 b->ptr, PoolName(t.id, t.tag)));
           }
         }
+        if (absl::Status s = CheckNotPinned(*segment, t); !s.ok()) return s;
         if (segment->expandable) continue;
         const Block* head = segment->head;
         const bool wholly_free = head->next == nullptr && !head->allocated && head->event_count == 0;
@@ -395,9 +417,13 @@ void PoolSleep::Abandon(SleepJob& job) {
 
 void PoolSleep::UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status* error) {
   std::size_t stuck_bytes = 0;
+  MappingHooks& hooks = expandable_.hooks();
   for (SleepJob::Chunk& c : job.chunks) {
+    const PoolId pool = PoolOf(*c.segment);
+    hooks.Unmap(pool, c.chunk.ptr, c.chunk.size, c.chunk.handle, true);
     absl::Status s = driver_.MemUnmap(c.chunk.ptr, c.chunk.size);
     if (!s.ok()) {
+      hooks.Map(pool, c.chunk.ptr, c.chunk.size, c.chunk.handle, true);  // still mapped, asleep
       if (error->ok()) *error = s;
       stuck_bytes += c.chunk.size;
       continue;
@@ -486,6 +512,13 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
   if (!error.ok()) {
     result.bytes_restored = 0;
     UndoMaps(job);
+  } else {
+    // Mapped and accessible, before any block of it is handed out (a chunk mapped before this wake was
+    // reported then).
+    for (const WakeJob::Chunk& c : job.chunks) {
+      if (c.mapped_now)
+        expandable_.hooks().Map(PoolOf(*c.segment), c.chunk.ptr, c.chunk.size, c.chunk.handle, true);
+    }
   }
   SettleWake(job, &result, &error);
   if (!error.ok()) return error;
@@ -534,9 +567,14 @@ absl::Status PoolSleep::Restore(WakeJob& job, WakeResult* result) {
 }
 
 void PoolSleep::UndoMaps(WakeJob& job) {
+  MappingHooks& hooks = expandable_.hooks();
   for (WakeJob::Chunk& c : job.chunks) {
     if (!c.mapped_now && !c.was_mapped) continue;
+    // Observers know of a chunk mapped before this wake, not yet of one this wake mapped.
+    const PoolId pool = PoolOf(*c.segment);
+    if (c.was_mapped) hooks.Unmap(pool, c.chunk.ptr, c.chunk.size, c.chunk.handle, true);
     if (!driver_.MemUnmap(c.chunk.ptr, c.chunk.size).ok()) {
+      hooks.Map(pool, c.chunk.ptr, c.chunk.size, c.chunk.handle, true);
       c.mapped_now = c.was_mapped = true;  // stays mapped, asleep: the next wake reuses it
       continue;
     }

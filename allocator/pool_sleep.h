@@ -186,6 +186,9 @@ class PoolSleep {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
   // Sleep phases.
   absl::Status Prepare(const SleepRequest& request, std::vector<Target>& targets, SleepJob& job);
+  // FailedPrecondition, naming the pool and chunk, when a chunk of `segment` must stay mapped (pinned, or a
+  // communication pool's). Device lock held.
+  absl::Status CheckNotPinned(const Segment& segment, const Target& t) const;
   absl::Status BackUp(SleepJob& job);
   void UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status* error);
   void Abandon(SleepJob& job);

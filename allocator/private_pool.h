@@ -39,6 +39,11 @@ struct PoolOptions {
   // A name for sleeping and waking pools together (CachingAllocator::Sleep with SleepScope::Tag); several
   // pools may share one. Empty: no tag.
   std::string tag{};
+  // A communication pool: every chunk is pinned when mapped (CachingAllocator::PinMapping) and stays mapped,
+  // registered once with the libraries observing mappings (mapping_observer.h), until the pool itself is
+  // destroyed: EmptyCache, the release before out-of-memory and growths leave its chunks where they are,
+  // and it cannot sleep.
+  bool communication = false;
 };
 
 struct PoolStats {
@@ -53,6 +58,9 @@ struct PoolStats {
   bool asleep = false;             // CachingAllocator::Sleep (pool_sleep.h)
   std::size_t sleeping_bytes = 0;  // address space whose physical memory is asleep (not in reserved_bytes)
   std::size_t backup_bytes = 0;    // pinned host memory held for its backup (SleepState::backup_bytes)
+  // Mapped bytes no release may unmap: chunks (or regular segments) with a pinned byte (PinMapping), or all
+  // of a communication pool's.
+  std::size_t pinned_bytes = 0;
 };
 
 // Which allocations a route sends to its pool.

@@ -86,7 +86,16 @@ absl::StatusOr<PoolStats> CachingAllocator::GetPoolStats(PoolId id) const {
   stats.use_count = pool.users.load(std::memory_order_relaxed);
   stats.graph_pins = pool.pins.load(std::memory_order_relaxed);
   for (const auto& [base, segment] : segments_) {
-    if (segment->shard->pool == &pool) ++stats.segments;
+    if (segment->shard->pool != &pool) continue;
+    ++stats.segments;
+    if (segment->vmm == nullptr) {
+      if (expandable_.MustStayMapped(*segment, segment->base, segment->base + segment->size))
+        stats.pinned_bytes += segment->size;
+      continue;
+    }
+    for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
+      if (expandable_.MustStayMapped(*segment, ptr, ptr + chunk.size)) stats.pinned_bytes += chunk.size;
+    }
   }
   const SleepState sleep = sleep_.StateOf(id);
   stats.asleep = sleep.asleep;

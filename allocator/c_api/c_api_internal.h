@@ -21,8 +21,9 @@ int Report(const absl::Status& status);
 // graphalloc_pool_create and graphalloc_pool_create_with_tag (tag may be NULL): a new pool of the device's
 // allocator, one reference to it held for the C caller until graphalloc_pool_release, its id in *pool.
 // `function` names the C function in errors.
+// With `communication`, a communication pool (PoolOptions::communication).
 absl::Status CreatePool(const char* function, int device, const graphalloc_pool_options* options,
-                        const char* tag, uint64_t* pool);
+                        const char* tag, uint64_t* pool, bool communication = false);
 
 // Runs `body` (returning absl::Status) with exceptions turned into an internal error.
 template <typename F>

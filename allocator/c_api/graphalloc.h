@@ -162,6 +162,45 @@ int graphalloc_pool_wake(int device, uint64_t pool);
 int graphalloc_pool_sleep_state(int device, uint64_t pool, int* asleep, size_t* sleeping_bytes,
                                 size_t* backup_bytes);
 
+/* ---- Mapping observers and pins (allocator/mapping_observer.h): how a communication library (NCCL, RDMA)
+ * learns when the allocator maps and unmaps device memory, so that it registers each mapping once. on_map is
+ * called once per mapping after it is mapped and accessible, before any allocation in it is handed out;
+ * on_unmap once, before it is unmapped (and on_map again if the driver then refuses). Callbacks run with no
+ * allocator lock held, from whichever thread maps or unmaps; they must not call graphalloc functions that
+ * allocate, free or release memory. A mapping is an expandable segment's chunk (expandable != 0, handle its
+ * CUmemGenericAllocationHandle) or a regular segment (expandable 0, handle 0). ---- */
+
+typedef struct graphalloc_mapping_event {
+  int device;
+  uint64_t pool; /* 0: the default pool */
+  void* ptr;
+  size_t size;
+  uint64_t handle;
+  int expandable;
+} graphalloc_mapping_event;
+
+typedef void (*graphalloc_mapping_callback)(void* user_data, const graphalloc_mapping_event* event);
+
+/* Calls on_map and on_unmap (either may be NULL) with user_data for every mapping of `device`'s allocator
+ * from now on; replay_existing != 0 first calls on_map for every mapping that exists now. *observer
+ * receives a handle, unique in the process, for graphalloc_remove_mapping_observer. */
+int graphalloc_add_mapping_observer(int device, graphalloc_mapping_callback on_map,
+                                    graphalloc_mapping_callback on_unmap, void* user_data,
+                                    int replay_existing, uint64_t* observer);
+/* No more calls once this returns (user_data may go then). */
+int graphalloc_remove_mapping_observer(uint64_t observer);
+/* Keeps the mappings holding any byte of [ptr, ptr + size) mapped until graphalloc_unpin_mapping of the same
+ * range (counted): no empty_cache, out-of-memory release or growth unmaps them, and their pool cannot sleep.
+ * The range must lie inside one segment of `device`'s allocator. */
+int graphalloc_pin_mapping(int device, void* ptr, size_t size);
+int graphalloc_unpin_mapping(int device, void* ptr, size_t size);
+/* A new communication pool, as graphalloc_pool_create: every mapping of it stays mapped (registered once)
+ * until the pool itself goes; it cannot sleep. */
+int graphalloc_pool_create_for_communication(int device, const graphalloc_pool_options* options,
+                                             uint64_t* pool);
+/* The mapped bytes of `pool` that must stay mapped (pinned, or all of a communication pool's). */
+int graphalloc_pool_pinned_bytes(int device, uint64_t pool, size_t* pinned_bytes);
+
 /* "graphalloc X.Y.Z": the library's version (the CMake project's), as `graphalloc --version` prints it. */
 const char* graphalloc_version(void);
 

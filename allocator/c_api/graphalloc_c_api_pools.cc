@@ -101,7 +101,7 @@ int BeginRoute(const char* function, int device, std::uint64_t pool, PoolRouteFi
 }  // namespace
 
 absl::Status CreatePool(const char* function, int device, const graphalloc_pool_options* options,
-                        const char* tag, uint64_t* pool) {
+                        const char* tag, uint64_t* pool, bool communication) {
   if (pool == nullptr)
     return absl::InvalidArgumentError(absl::StrCat(function, ": pool (the output) is NULL"));
   *pool = 0;
@@ -113,6 +113,7 @@ absl::Status CreatePool(const char* function, int device, const graphalloc_pool_
     opts.no_split = options->no_split != 0;
   }
   if (tag != nullptr) opts.tag = tag;
+  opts.communication = communication;
   absl::StatusOr<PrivatePool> handle = (*allocator)->CreatePool(opts);
   if (!handle.ok()) return handle.status();
   *pool = handle->id();

@@ -336,6 +336,14 @@ absl::Status CudaDriver::MemFree(DevicePtr ptr) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<int> CudaDriver::MemGetDmaBufFd(DevicePtr ptr, std::size_t size) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  int fd = -1;
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemGetHandleForAddressRange, &fd, ptr, size,
+                                  CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, /*flags=*/0);
+  return fd;
+}
+
 absl::StatusOr<void*> CudaDriver::HostAlloc(std::size_t size) {
   GRAPHALLOC_CUDA_CONTEXT();
   void* ptr = nullptr;

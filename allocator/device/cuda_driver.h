@@ -42,6 +42,7 @@ class CudaDriver final : public Driver {
   absl::Status MemFree(DevicePtr ptr) override;
   absl::StatusOr<void*> HostAlloc(std::size_t size) override;
   absl::Status HostFree(void* ptr) override;
+  absl::StatusOr<int> MemGetDmaBufFd(DevicePtr ptr, std::size_t size) override;
   absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override;
   absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override;
   absl::Status CopyAsync(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream) override;

@@ -109,6 +109,12 @@ class Driver {
   virtual absl::StatusOr<void*> HostAlloc(std::size_t size) = 0;
   virtual absl::Status HostFree(void* ptr) = 0;
 
+  // ---- Exporting mapped memory to other devices' drivers (mapping_observer.h's registration). ----
+  // A dma-buf file descriptor for the mapped range [ptr, ptr + size) (cuMemGetHandleForAddressRange with
+  // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD), for an RDMA NIC to register (ibv_reg_dmabuf_mr). Both must be
+  // multiples of the host page size, the range mapped. The caller closes the descriptor.
+  virtual absl::StatusOr<int> MemGetDmaBufFd(DevicePtr ptr, std::size_t size) = 0;
+
   // ---- Copies and fills. Synchronous ones wait for the device; async ones are stream-ordered (and
   // captured on a capturing stream). ----
   virtual absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) = 0;

@@ -40,6 +40,9 @@ class ForwardingDriver : public Driver {
   absl::Status MemFree(DevicePtr ptr) override { return inner_->MemFree(ptr); }
   absl::StatusOr<void*> HostAlloc(std::size_t size) override { return inner_->HostAlloc(size); }
   absl::Status HostFree(void* ptr) override { return inner_->HostFree(ptr); }
+  absl::StatusOr<int> MemGetDmaBufFd(DevicePtr ptr, std::size_t size) override {
+    return inner_->MemGetDmaBufFd(ptr, size);
+  }
 
   absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override {
     return inner_->CopyHostToDevice(dst, src, bytes);

@@ -58,6 +58,7 @@ enum class SimCall : int {
   kGraphLaunch,
   kHostAlloc,
   kHostFree,
+  kMemGetDmaBufFd,
   kCount,
 };
 
@@ -128,6 +129,8 @@ class SimDriver final : public Driver {
   absl::Status MemFree(DevicePtr ptr) override;
   absl::StatusOr<void*> HostAlloc(std::size_t size) override;
   absl::Status HostFree(void* ptr) override;
+  // A memfd holding a copy of the range's bytes (the simulated device has no dma-buf to share).
+  absl::StatusOr<int> MemGetDmaBufFd(DevicePtr ptr, std::size_t size) override;
   absl::Status CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) override;
   absl::Status CopyDeviceToHost(void* dst, DevicePtr src, std::size_t bytes) override;
   absl::Status CopyAsync(DevicePtr dst, DevicePtr src, std::size_t bytes, Stream stream) override;

@@ -21,8 +21,8 @@ class InvariantCheckerTest : public ::testing::Test {
     driver_ = std::move(*driver);
     captures_ = std::make_unique<CaptureTracker>(*driver_);
     budget_ = std::make_unique<MemoryBudget>(driver_->Info().total_memory);
-    expandable_ = std::make_unique<ExpandableSegments>(
-        ExpandableSegments::Parts{*driver_, shards_, blocks_, device_mu_, ledger_, *budget_, *captures_});
+    expandable_ = std::make_unique<ExpandableSegments>(ExpandableSegments::Parts{
+        *driver_, shards_, blocks_, device_mu_, ledger_, *budget_, *captures_, hooks_});
     MutexLock lock(&shards_.set_mu());
     shard_ = shards_.Add(kDefaultPool, kDefaultStream, nullptr);
   }
@@ -71,6 +71,7 @@ class InvariantCheckerTest : public ::testing::Test {
   Mutex device_mu_;
   SegmentLedger ledger_{config_.max_split_size, history_};
   PoolRegistry pools_;
+  MappingHooks hooks_{0};
   std::unique_ptr<SimDriver> driver_;
   std::unique_ptr<CaptureTracker> captures_;
   std::unique_ptr<MemoryBudget> budget_;

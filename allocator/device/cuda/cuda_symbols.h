@@ -48,6 +48,7 @@ namespace graphalloc::cuda {
   X(MemSetAccess, 10020)                    \
   X(MemAlloc, 3020)                         \
   X(MemFree, 3020)                          \
+  X(MemGetHandleForAddressRange, 11070)     \
   X(MemHostAlloc, 2020)                     \
   X(MemFreeHost, 2000)                      \
   X(MemcpyHtoD, 3020)                       \

@@ -1,4 +1,5 @@
-// SimDriver's memory: address reservations, physical handles, mappings, plain allocations and copies.
+// SimDriver's memory: address reservations, physical handles, mappings, plain allocations, copies and
+// dma-buf exports (a memfd holding a copy of the range).
 //
 // Physical memory is one sparse memfd per driver; a handle is an (offset, size) range of it, so tens of
 // thousands of handles cost no file descriptors. Mapping is mmap(MAP_FIXED|MAP_SHARED) of that range, so
@@ -9,9 +10,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "graphalloc/allocator/device/sim/sim_state.h"
 #include "graphalloc/allocator/device/sim_driver.h"
@@ -330,6 +334,65 @@ absl::Status SimDriver::HostFree(void* ptr) {
   }
   std::free(ptr);
   return absl::OkStatus();
+}
+
+namespace {
+
+// Copies `size` bytes at `offset` of the physical memfd to `out_offset` of `out`; false on an I/O error.
+bool CopyPhysical(int memfd, std::uint64_t offset, int out, std::uint64_t out_offset, std::size_t size) {
+  std::vector<char> buffer(std::min<std::size_t>(size, std::size_t{1} << 20));
+  while (size > 0) {
+    const std::size_t n = std::min(size, buffer.size());
+    if (pread(memfd, buffer.data(), n, static_cast<off_t>(offset)) != static_cast<ssize_t>(n)) return false;
+    if (pwrite(out, buffer.data(), n, static_cast<off_t>(out_offset)) != static_cast<ssize_t>(n))
+      return false;
+    offset += n;
+    out_offset += n;
+    size -= n;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<int> SimDriver::MemGetDmaBufFd(DevicePtr ptr, std::size_t size) {
+  constexpr absl::string_view kName = "cuMemGetHandleForAddressRange";
+  if (absl::Status st = state_->Begin(SimCall::kMemGetDmaBufFd, kName); !st.ok()) return st;
+  State& s = *state_;
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  if (ptr == 0 || size == 0 || ptr % page != 0 || size % page != 0) {
+    return DriverError(kName, DriverResult::kInvalidValue);
+  }
+  MutexLock lock(&s.mu);
+  // The pieces of the range: (physical offset, bytes), from a plain allocation or from mappings.
+  std::vector<std::pair<std::uint64_t, std::size_t>> pieces;
+  auto a = s.allocations.upper_bound(ptr);
+  if (a != s.allocations.begin() && std::prev(a)->first <= ptr &&
+      std::prev(a)->first + std::prev(a)->second.size >= ptr + size) {
+    pieces.emplace_back(std::prev(a)->second.offset + (ptr - std::prev(a)->first), size);
+  } else {
+    if (!FullyMapped(s, ptr, size, /*exact=*/false)) return DriverError(kName, DriverResult::kInvalidValue);
+    auto it = std::prev(s.mappings.upper_bound(ptr));
+    for (DevicePtr at = ptr; at < ptr + size; ++it) {
+      const std::size_t skip = at - it->first;
+      const std::size_t n = std::min(it->second.size - skip, ptr + size - at);
+      pieces.emplace_back(s.physical.at(it->second.phys_id).offset + skip, n);
+      at += n;
+    }
+  }
+  const int fd = memfd_create("graphalloc-sim-dmabuf", MFD_CLOEXEC);
+  if (fd < 0) return DriverError(kName, DriverResult::kOutOfMemory);
+  bool ok = ftruncate(fd, static_cast<off_t>(size)) == 0;
+  std::uint64_t out = 0;
+  for (const auto& [offset, n] : pieces) {
+    ok = ok && CopyPhysical(s.memfd, offset, fd, out, n);
+    out += n;
+  }
+  if (!ok) {
+    close(fd);
+    return DriverError(kName, DriverResult::kOutOfMemory);
+  }
+  return fd;
 }
 
 absl::Status SimDriver::CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) {
