@@ -81,7 +81,8 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       segments_(config_.max_split_size, history_),
       budget_(driver_->Info().total_memory),
       captures_(*driver_),
-      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_}),
+      expandable_(
+          {*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_, config_.handle_aligned}),
       sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
               [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
   if (config_.record_history) {

@@ -26,7 +26,8 @@ ExpandableSegments::ExpandableSegments(const Parts& parts)
       budget_(parts.budget),
       captures_(parts.captures),
       reservation_(RoundUp(parts.driver.Info().total_memory, parts.driver.Info().granularity)),
-      granularity_(parts.driver.Info().granularity) {}
+      granularity_(parts.driver.Info().granularity),
+      handle_aligned_(parts.handle_aligned) {}
 
 absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const AllocationRequest& request) {
   if (request.size > reservation_) return DevicePtr{0};
@@ -71,6 +72,7 @@ absl::Status ExpandableSegments::CreateSegment(StreamShard& shard, bool small) {
   segment->shard = &shard;
   segment->pool = &pool;
   segment->expandable = true;
+  segment->handle_aligned = handle_aligned_ || (shard.pool != nullptr && shard.pool->options.handle_aligned);
   segment->vmm = std::make_unique<ExpandableSegment>(*base, reservation_);
   Block* block = shard.arena.New();
   block->ptr = *base;

@@ -54,6 +54,7 @@ class ExpandableSegments {
     SegmentLedger& segments;
     MemoryBudget& budget;
     CaptureTracker& captures;
+    bool handle_aligned = false;  // Config::handle_aligned: every segment keeps blocks inside one handle
   };
   explicit ExpandableSegments(const Parts& parts);
 
@@ -138,6 +139,7 @@ class ExpandableSegments {
   CaptureTracker& captures_;
   const std::size_t reservation_;  // the size of every reserved range: the device's memory, rounded up
   const std::size_t granularity_;
+  const bool handle_aligned_;
   // Unmapped physical handles kept for reuse (handle_cache.h).
   HandleCache handles_ ABSL_GUARDED_BY(device_mu_);
   std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);

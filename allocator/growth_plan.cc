@@ -61,6 +61,11 @@ std::size_t MaxNewChunkSize(std::size_t request, std::size_t stranded, std::size
 bool GrowthPlanner::TakeRange() {
   Block* start = nullptr;
   for (const auto& [ptr, u] : pool_.unmapped) {
+    if (u->segment->handle_aligned) {
+      if (!Usable(u) || u->size < RoundUp(size_, gran_)) continue;
+      TakeAlignedHole(u);
+      return true;
+    }
     Block* s = Usable(u->prev) ? u->prev : u;
     std::size_t sum = 0;
     for (Block* b = s; Usable(b); b = b->next) {
@@ -89,7 +94,20 @@ bool GrowthPlanner::TakeRange() {
   return true;
 }
 
+void GrowthPlanner::TakeAlignedHole(Block* u) {
+  // A handle-aligned segment's request gets a range of its own, mapped by one handle: joined to a free
+  // mapped run before it, its block would span that run's chunk and the new one.
+  u->in_flight = true;
+  pool_.unmapped.erase(u->ptr);
+  plan_.holes.push_back({u, {}});
+  last_hole_ = u;
+  last_need_ = RoundUp(size_, gran_);
+  aligned_ = true;
+}
+
 void GrowthPlanner::FindIdleChunks(bool may_move) {
+  // A moved chunk would land in a hole it does not fit exactly, beside other chunks (TakeAlignedHole).
+  if (aligned_) return;
   for (BlockPool* p : {&shard_.large_pool, &shard_.small_pool}) {
     if (!may_move) break;
     for (auto it = p->LowerBound(gran_); it != p->blocks.end(); ++it) {
@@ -130,6 +148,19 @@ void GrowthPlanner::SourceHoles(HandleCache& cache, std::size_t max_new_chunk) {
 }
 
 void GrowthPlanner::SourceHole(Filling& f, HandleCache& cache, std::size_t max_new_chunk) {
+  if (aligned_) {
+    // Exactly one handle: a cached one of exactly the size, or a new one of the whole size, however large.
+    GrowthPlan::Source src{f.need, PhysicalHandle{}, -1, false};
+    if (cache.TakeExact(f.need, &src.handle)) {
+      plan_.cached_bytes += f.need;
+    } else {
+      src.created = true;
+      plan_.new_bytes += f.need;
+    }
+    f.hole.sources.push_back(src);
+    f.have = f.need;
+    return;
+  }
   for (const ChunkPlacement& h : cache.TakeUpTo(f.need, kMaxReusedHandles - reused_)) {
     f.hole.sources.push_back({h.size, h.handle, -1, false});
     f.have += h.size;

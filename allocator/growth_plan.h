@@ -12,6 +12,9 @@
 //      the smallest one larger than the rest), then new handles of at most the size the caller allows
 //      (MaxNewChunkSize).
 //   4. CarveStolenChunks: the chosen idle chunks leave their free blocks (in flight until unmapped).
+// In a handle-aligned segment (block.h) no block may span two chunks, so step 1 takes the lowest unmapped
+// block that fits the request alone (no mapped run), step 2 finds nothing, and step 3 maps exactly one
+// handle: a cached one of exactly the rounded size, else a new one of that size (never capped).
 #ifndef GRAPHALLOC_ALLOCATOR_GROWTH_PLAN_H_
 #define GRAPHALLOC_ALLOCATOR_GROWTH_PLAN_H_
 
@@ -97,6 +100,8 @@ class GrowthPlanner {
     std::size_t missing() const { return need - have; }
   };
 
+  // A handle-aligned segment's growth: the unmapped block `u` alone is the range (block.h).
+  void TakeAlignedHole(Block* u);
   void SourceHole(Filling& f, HandleCache& cache, std::size_t max_new_chunk);
   bool WantsMore(const Filling& f) const { return f.have < f.need && reused_ < kMaxReusedHandles; }
   void TakeIdle(Filling& f, Idle& idle);
@@ -116,6 +121,7 @@ class GrowthPlanner {
   std::vector<IdleRun> runs_;  // largest first
   std::size_t stranded_ = 0;
   std::size_t reused_ = 0;  // handles reused or moved so far
+  bool aligned_ = false;    // the range is in a handle-aligned segment: one hole, one handle, no moves
 };
 
 }  // namespace graphalloc
