@@ -121,6 +121,7 @@ absl::StatusOr<bool> ExpandableSegments::ExecuteGrowth(StreamShard& shard, Growt
   bool admitted = false;  // new_bytes counted as growth in flight
   x.error = AdmitGrowth(plan, &admitted);
   UnmapStolenChunks(shard, plan, x);
+  ReleaseRetiredChunks(plan, x);
   CreateHandles(plan, x);
   MapHoles(plan, x);
   SettleGrowth(shard, plan, admitted, x);
@@ -160,6 +161,17 @@ void ExpandableSegments::UnmapStolenChunks(StreamShard& shard, const GrowthPlan&
     } else {
       x.error = s;
     }
+  }
+}
+
+void ExpandableSegments::ReleaseRetiredChunks(const GrowthPlan& plan, const Execution& x) {
+  // Before the new handle is created, so that the device has their memory back for it. A handle the
+  // device will not release waits in the cache (released with it, or reused at its size).
+  if (!plan.release_stolen) return;
+  for (std::size_t i = 0; i < plan.stolen_chunks.size(); ++i) {
+    if (!x.stolen_unmapped[i] || driver_.MemRelease(plan.stolen_chunks[i].handle).ok()) continue;
+    MutexLock lock(&device_mu_);
+    handles_.Put(plan.stolen_chunks[i].size, plan.stolen_chunks[i].handle);
   }
 }
 

@@ -115,6 +115,7 @@ class ExpandableSegments {
   struct Execution;
   absl::Status AdmitGrowth(const GrowthPlan& plan, bool* admitted);
   void UnmapStolenChunks(StreamShard& shard, const GrowthPlan& plan, Execution& x);
+  void ReleaseRetiredChunks(const GrowthPlan& plan, const Execution& x);
   void CreateHandles(GrowthPlan& plan, Execution& x);
   void MapHoles(const GrowthPlan& plan, Execution& x);
   void SettleGrowth(StreamShard& shard, const GrowthPlan& plan, bool admitted, const Execution& x);

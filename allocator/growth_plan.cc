@@ -106,8 +106,6 @@ void GrowthPlanner::TakeAlignedHole(Block* u) {
 }
 
 void GrowthPlanner::FindIdleChunks(bool may_move) {
-  // A moved chunk would land in a hole it does not fit exactly, beside other chunks (TakeAlignedHole).
-  if (aligned_) return;
   for (BlockPool* p : {&shard_.large_pool, &shard_.small_pool}) {
     if (!may_move) break;
     for (auto it = p->LowerBound(gran_); it != p->blocks.end(); ++it) {
@@ -156,6 +154,7 @@ void GrowthPlanner::SourceHole(Filling& f, HandleCache& cache, std::size_t max_n
     } else {
       src.created = true;
       plan_.new_bytes += f.need;
+      RetireIdleChunks(f.need);
     }
     f.hole.sources.push_back(src);
     f.have = f.need;
@@ -183,6 +182,27 @@ void GrowthPlanner::SourceHole(Filling& f, HandleCache& cache, std::size_t max_n
     plan_.new_bytes += n;
     f.have += n;
   }
+}
+
+void GrowthPlanner::RetireIdleChunks(std::size_t need) {
+  // Idle chunks cannot move into a handle-aligned hole (each would be a handle of its own there), so
+  // instead they give their memory back for the new handle, up to its size: largest first, as with moves.
+  // Without this, chunks freed at one size stay mapped while requests of other sizes map more
+  // (docs/sharing.md measures both).
+  std::vector<Idle*> order;
+  for (Idle& i : idle_) order.push_back(&i);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Idle* a, const Idle* b) { return a->chunk.size > b->chunk.size; });
+  std::size_t left = need;
+  for (Idle* i : order) {
+    if (reused_ >= kMaxReusedHandles || left == 0) break;
+    if (i->used || i->chunk.size > left) continue;
+    i->used = true;
+    plan_.stolen_chunks.push_back(i->chunk);
+    left -= i->chunk.size;
+    ++reused_;
+  }
+  plan_.release_stolen = !plan_.stolen_chunks.empty();
 }
 
 void GrowthPlanner::TakeIdle(Filling& f, Idle& idle) {
