@@ -96,6 +96,9 @@ struct Segment {
   BlockPool* pool = nullptr;
   Block* head = nullptr;
   bool expandable = false;
+  // Expandable segments only: no mapped block spans two chunks (Config::handle_aligned,
+  // PoolOptions::handle_aligned), because NCCL and RDMA registration see only the handle under a pointer.
+  bool handle_aligned = false;
   // Where the memory came from when not the driver (PoolOptions::segment_source); it goes back there.
   std::shared_ptr<SegmentSource> source;
   // Expandable segments only: the reservation's mapped chunks (guarded by the owning shard's lock).

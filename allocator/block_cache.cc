@@ -6,9 +6,19 @@
 namespace graphalloc {
 namespace {
 
+// In a handle-aligned segment two mapped blocks never merge across a chunk's edge (block.h); the lookup
+// is for such segments only, so that other segments pay one predictable branch. `src` is the next block
+// of a run walked from `dst` (either way), so the edge it would cross is its own side facing `dst`.
+bool CrossesChunkEdge(const Block* dst, const Block* src) {
+  const Segment* s = dst->segment;
+  if (!s->handle_aligned || !dst->mapped) [[likely]]
+    return false;
+  return s->vmm->ChunkStartsAt(src->ptr < dst->ptr ? src->end() : src->ptr);
+}
+
 bool Mergeable(const Block* dst, const Block* src) {
   return src != nullptr && !src->allocated && src->event_count == 0 && src->stream_uses.empty() &&
-         src->mapped == dst->mapped && !src->in_flight;
+         src->mapped == dst->mapped && !src->in_flight && !CrossesChunkEdge(dst, src);
 }
 
 }  // namespace

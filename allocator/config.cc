@@ -19,7 +19,7 @@ namespace {
 
 constexpr absl::string_view kKnownKeys =
     "max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
-    "garbage_collection_threshold, expandable_segments, per_process_memory_fraction, "
+    "garbage_collection_threshold, expandable_segments, handle_aligned, per_process_memory_fraction, "
     "release_lock_on_cudamalloc, record_history, history_max_entries, history_stacks";
 
 // PYTORCH_CUDA_ALLOC_CONF keys of PyTorch's allocator that graphalloc has no use for: the backend choice
@@ -243,6 +243,10 @@ absl::StatusOr<Config> Config::Parse(absl::string_view text, std::vector<std::st
       auto v = ParseBool(key, value);
       if (!v.ok()) return v.status();
       config.expandable_segments = *v;
+    } else if (key == "handle_aligned") {
+      auto v = ParseBool(key, value);
+      if (!v.ok()) return v.status();
+      config.handle_aligned = *v;
     } else if (key == "per_process_memory_fraction") {
       auto v = ParseFraction(key, value, /*open_interval=*/false);
       if (!v.ok()) return v.status();
@@ -286,8 +290,8 @@ namespace {
 // ToString()'s entries, one per key (roundup_power2_divisions' list is one entry).
 std::vector<std::string> Entries(const Config& c) {
   const auto& [max_split_size, max_non_split_rounding_size, large_segment_size, roundup_power2_divisions,
-               garbage_collection_threshold, expandable_segments, per_process_memory_fraction, record_history,
-               history_max_entries, history_stacks] = c;
+               garbage_collection_threshold, expandable_segments, handle_aligned, per_process_memory_fraction,
+               record_history, history_max_entries, history_stacks] = c;
   std::vector<std::string> parts;
   if (max_split_size != std::numeric_limits<std::size_t>::max()) {
     parts.push_back(absl::StrCat("max_split_size_mb:", max_split_size / kMiB));
@@ -304,6 +308,7 @@ std::vector<std::string> Entries(const Config& c) {
         absl::StrCat("garbage_collection_threshold:", FormatFraction(garbage_collection_threshold)));
   }
   parts.push_back(absl::StrCat("expandable_segments:", expandable_segments ? "True" : "False"));
+  if (handle_aligned) parts.push_back("handle_aligned:True");
   parts.push_back(absl::StrCat("per_process_memory_fraction:", FormatFraction(per_process_memory_fraction)));
   parts.push_back(absl::StrCat("record_history:", record_history ? "True" : "False"));
   parts.push_back(absl::StrCat("history_max_entries:", history_max_entries));

@@ -38,6 +38,10 @@ struct Config {
   // Grow segments by mapping physical pages into reserved address ranges (CUDA VMM); False: one
   // cuMemAlloc per segment, as PyTorch's default.
   bool expandable_segments = true;
+  // Expandable segments place blocks so that none spans two physical handles: a block larger than a chunk
+  // gets a handle of its own, and frees never merge across a handle's edge. For memory registered with
+  // NCCL or RDMA, which resolve a pointer to the one handle under it (docs/sharing.md).
+  bool handle_aligned = false;
   // Cap on this allocator's reserved memory as a fraction of the device's total (1.0: no cap).
   double per_process_memory_fraction = 1.0;
   // Allocation history (snapshots' "history"): on from the start, how many events kept, with C++ stacks.

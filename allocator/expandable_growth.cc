@@ -27,7 +27,8 @@ ExpandableSegments::ExpandableSegments(const Parts& parts)
       captures_(parts.captures),
       hooks_(parts.hooks),
       reservation_(RoundUp(parts.driver.Info().total_memory, parts.driver.Info().granularity)),
-      granularity_(parts.driver.Info().granularity) {}
+      granularity_(parts.driver.Info().granularity),
+      handle_aligned_(parts.handle_aligned) {}
 
 absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const AllocationRequest& request) {
   if (request.size > reservation_) return DevicePtr{0};
@@ -72,6 +73,7 @@ absl::Status ExpandableSegments::CreateSegment(StreamShard& shard, bool small) {
   segment->shard = &shard;
   segment->pool = &pool;
   segment->expandable = true;
+  segment->handle_aligned = handle_aligned_ || (shard.pool != nullptr && shard.pool->options.handle_aligned);
   segment->vmm = std::make_unique<ExpandableSegment>(*base, reservation_);
   Block* block = shard.arena.New();
   block->ptr = *base;
@@ -121,6 +123,7 @@ absl::StatusOr<bool> ExpandableSegments::ExecuteGrowth(StreamShard& shard, Growt
   bool admitted = false;  // new_bytes counted as growth in flight
   x.error = AdmitGrowth(plan, &admitted);
   UnmapStolenChunks(shard, plan, x);
+  ReleaseRetiredChunks(plan, x);
   CreateHandles(plan, x);
   MapHoles(plan, x);
   SettleGrowth(shard, plan, admitted, x);
@@ -163,6 +166,17 @@ void ExpandableSegments::UnmapStolenChunks(StreamShard& shard, const GrowthPlan&
       hooks_.Map(pool, c.ptr, c.size, c.handle, true);  // still mapped where it was
       x.error = s;
     }
+  }
+}
+
+void ExpandableSegments::ReleaseRetiredChunks(const GrowthPlan& plan, const Execution& x) {
+  // Before the new handle is created, so that the device has their memory back for it. A handle the
+  // device will not release waits in the cache (released with it, or reused at its size).
+  if (!plan.release_stolen) return;
+  for (std::size_t i = 0; i < plan.stolen_chunks.size(); ++i) {
+    if (!x.stolen_unmapped[i] || driver_.MemRelease(plan.stolen_chunks[i].handle).ok()) continue;
+    MutexLock lock(&device_mu_);
+    handles_.Put(plan.stolen_chunks[i].size, plan.stolen_chunks[i].handle);
   }
 }
 

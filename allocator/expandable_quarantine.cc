@@ -60,12 +60,15 @@ void ExpandableSegments::SettleInFlight(StreamShard& shard, Block* b, std::span<
                                         const std::vector<bool>& mapped, const std::vector<bool>& no_access) {
   device_mu_.AssertHeld();
   auto quarantined = [&](std::size_t i) { return !no_access.empty() && no_access[i]; };
-  // Split where the mapped state changes and around each quarantined chunk, then return each piece.
+  // Split where the mapped state changes and around each quarantined chunk (in a handle-aligned segment,
+  // between any two mapped chunks too), then return each piece.
+  const bool aligned = b->segment->handle_aligned;
   std::vector<Block*> pieces{b};
   std::vector<std::size_t> first_chunk{0};
   b->mapped = mapped[0];
   for (std::size_t i = 1; i < chunks.size(); ++i) {
-    if (mapped[i] == mapped[i - 1] && !quarantined(i) && !quarantined(i - 1)) continue;
+    if (mapped[i] == mapped[i - 1] && !quarantined(i) && !quarantined(i - 1) && !(aligned && mapped[i]))
+      continue;
     Block* piece = blocks_.SplitOff(shard, pieces.back(), chunks[i].ptr);
     piece->mapped = mapped[i];
     pieces.push_back(piece);

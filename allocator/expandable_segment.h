@@ -84,6 +84,14 @@ class ExpandableSegment {
     mapped_bytes_ -= it->second.size;
     chunks_.erase(it);
   }
+  // Whether a chunk, mapped or asleep, starts at `ptr`: between two mapped blocks, a chunk boundary.
+  bool ChunkStartsAt(DevicePtr ptr) const { return chunks_.contains(ptr) || sleeping_.contains(ptr); }
+  // Whether a chunk, mapped or asleep, starts inside (begin, end): a block there would span two chunks.
+  bool ChunkStartsWithin(DevicePtr begin, DevicePtr end) const {
+    auto m = chunks_.upper_bound(begin);
+    auto s = sleeping_.upper_bound(begin);
+    return (m != chunks_.end() && m->first < end) || (s != sleeping_.end() && s->first < end);
+  }
   // The chunks lying wholly inside [begin, end), in address order.
   std::vector<ChunkPlacement> ChunksWithin(DevicePtr begin, DevicePtr end) const {
     std::vector<ChunkPlacement> out;

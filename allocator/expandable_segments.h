@@ -56,6 +56,7 @@ class ExpandableSegments {
     MemoryBudget& budget;
     CaptureTracker& captures;
     MappingHooks& hooks;
+    bool handle_aligned = false;  // Config::handle_aligned: every segment keeps blocks inside one handle
   };
   explicit ExpandableSegments(const Parts& parts);
 
@@ -122,6 +123,7 @@ class ExpandableSegments {
   struct Execution;
   absl::Status AdmitGrowth(const GrowthPlan& plan, bool* admitted);
   void UnmapStolenChunks(StreamShard& shard, const GrowthPlan& plan, Execution& x);
+  void ReleaseRetiredChunks(const GrowthPlan& plan, const Execution& x);
   void CreateHandles(GrowthPlan& plan, Execution& x);
   void MapHoles(const GrowthPlan& plan, Execution& x);
   void NotifyMappedHoles(const GrowthPlan& plan, const Execution& x);
@@ -148,6 +150,7 @@ class ExpandableSegments {
   MappingHooks& hooks_;
   const std::size_t reservation_;  // the size of every reserved range: the device's memory, rounded up
   const std::size_t granularity_;
+  const bool handle_aligned_;
   // Unmapped physical handles kept for reuse (handle_cache.h).
   HandleCache handles_ ABSL_GUARDED_BY(device_mu_);
   std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);

@@ -61,6 +61,11 @@ std::size_t MaxNewChunkSize(std::size_t request, std::size_t stranded, std::size
 bool GrowthPlanner::TakeRange() {
   Block* start = nullptr;
   for (const auto& [ptr, u] : pool_.unmapped) {
+    if (u->segment->handle_aligned) {
+      if (!Usable(u) || u->size < RoundUp(size_, gran_)) continue;
+      TakeAlignedHole(u);
+      return true;
+    }
     Block* s = Usable(u->prev) ? u->prev : u;
     std::size_t sum = 0;
     for (Block* b = s; Usable(b); b = b->next) {
@@ -87,6 +92,17 @@ bool GrowthPlanner::TakeRange() {
     last_need_ = std::min(b->end(), RoundUp(need_end, gran_)) - b->ptr;
   }
   return true;
+}
+
+void GrowthPlanner::TakeAlignedHole(Block* u) {
+  // A handle-aligned segment's request gets a range of its own, mapped by one handle: joined to a free
+  // mapped run before it, its block would span that run's chunk and the new one.
+  u->in_flight = true;
+  pool_.unmapped.erase(u->ptr);
+  plan_.holes.push_back({u, {}});
+  last_hole_ = u;
+  last_need_ = RoundUp(size_, gran_);
+  aligned_ = true;
 }
 
 void GrowthPlanner::FindIdleChunks(bool may_move, const MappingHooks* hooks) {
@@ -132,6 +148,20 @@ void GrowthPlanner::SourceHoles(HandleCache& cache, std::size_t max_new_chunk) {
 }
 
 void GrowthPlanner::SourceHole(Filling& f, HandleCache& cache, std::size_t max_new_chunk) {
+  if (aligned_) {
+    // Exactly one handle: a cached one of exactly the size, or a new one of the whole size, however large.
+    GrowthPlan::Source src{f.need, PhysicalHandle{}, -1, false};
+    if (cache.TakeExact(f.need, &src.handle)) {
+      plan_.cached_bytes += f.need;
+    } else {
+      src.created = true;
+      plan_.new_bytes += f.need;
+      RetireIdleChunks(f.need);
+    }
+    f.hole.sources.push_back(src);
+    f.have = f.need;
+    return;
+  }
   for (const ChunkPlacement& h : cache.TakeUpTo(f.need, kMaxReusedHandles - reused_)) {
     f.hole.sources.push_back({h.size, h.handle, -1, false});
     f.have += h.size;
@@ -154,6 +184,27 @@ void GrowthPlanner::SourceHole(Filling& f, HandleCache& cache, std::size_t max_n
     plan_.new_bytes += n;
     f.have += n;
   }
+}
+
+void GrowthPlanner::RetireIdleChunks(std::size_t need) {
+  // Idle chunks cannot move into a handle-aligned hole (each would be a handle of its own there), so
+  // instead they give their memory back for the new handle, up to its size: largest first, as with moves.
+  // Without this, chunks freed at one size stay mapped while requests of other sizes map more
+  // (docs/sharing.md measures both).
+  std::vector<Idle*> order;
+  for (Idle& i : idle_) order.push_back(&i);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Idle* a, const Idle* b) { return a->chunk.size > b->chunk.size; });
+  std::size_t left = need;
+  for (Idle* i : order) {
+    if (reused_ >= kMaxReusedHandles || left == 0) break;
+    if (i->used || i->chunk.size > left) continue;
+    i->used = true;
+    plan_.stolen_chunks.push_back(i->chunk);
+    left -= i->chunk.size;
+    ++reused_;
+  }
+  plan_.release_stolen = !plan_.stolen_chunks.empty();
 }
 
 void GrowthPlanner::TakeIdle(Filling& f, Idle& idle) {

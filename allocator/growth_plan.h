@@ -12,6 +12,10 @@
 //      the smallest one larger than the rest), then new handles of at most the size the caller allows
 //      (MaxNewChunkSize).
 //   4. CarveStolenChunks: the chosen idle chunks leave their free blocks (in flight until unmapped).
+// In a handle-aligned segment (block.h) no block may span two chunks, so step 1 takes the lowest unmapped
+// block that fits the request alone (no mapped run) and step 3 maps exactly one handle: a cached one of
+// exactly the rounded size, else a new one of that size (never capped), for which idle chunks of at most
+// that size are released (they cannot move: each would be a handle of its own in the hole).
 #ifndef GRAPHALLOC_ALLOCATOR_GROWTH_PLAN_H_
 #define GRAPHALLOC_ALLOCATOR_GROWTH_PLAN_H_
 
@@ -59,6 +63,8 @@ struct GrowthPlan {
   std::size_t cached_bytes = 0;  // taken from the handle cache
   std::size_t new_bytes = 0;     // to create
   bool over_limit = false;       // the growth passes the memory cap unless cached handles go back first
+  // The stolen chunks are not mapped into the holes but released (a handle-aligned growth retires them).
+  bool release_stolen = false;
 };
 
 class GrowthPlanner {
@@ -99,6 +105,10 @@ class GrowthPlanner {
     std::size_t missing() const { return need - have; }
   };
 
+  // A handle-aligned segment's growth: the unmapped block `u` alone is the range (block.h); idle chunks
+  // of at most `need` bytes in all are unmapped and released rather than moved.
+  void TakeAlignedHole(Block* u);
+  void RetireIdleChunks(std::size_t need);
   void SourceHole(Filling& f, HandleCache& cache, std::size_t max_new_chunk);
   bool WantsMore(const Filling& f) const { return f.have < f.need && reused_ < kMaxReusedHandles; }
   void TakeIdle(Filling& f, Idle& idle);
@@ -118,6 +128,7 @@ class GrowthPlanner {
   std::vector<IdleRun> runs_;  // largest first
   std::size_t stranded_ = 0;
   std::size_t reused_ = 0;  // handles reused or moved so far
+  bool aligned_ = false;    // the range is in a handle-aligned segment: one hole, one handle, no moves
 };
 
 }  // namespace graphalloc

@@ -51,6 +51,7 @@ absl::Status InvariantChecker::CheckChain(const Segment* segment, const Interval
     if (b->mapped) AddInterval(w.block_mapped, b->ptr, b->end());
     GRAPHALLOC_RETURN_IF_ERROR(CheckInFlight(w, b));
     GRAPHALLOC_RETURN_IF_ERROR(CheckUnmapped(w, b));
+    GRAPHALLOC_RETURN_IF_ERROR(CheckWithinOneChunk(w, b));
     if (!b->mapped || b->in_flight) {
       // Neither free nor active: unmapped, or out of every index while its shard does driver calls.
       if (b->in_quick || segment->pool->Contains(b)) {
@@ -128,6 +129,16 @@ absl::Status InvariantChecker::CheckUnmapped(ChainWalk& w, const Block* b) const
   return absl::OkStatus();
 }
 
+absl::Status InvariantChecker::CheckWithinOneChunk(const ChainWalk& w, const Block* b) const {
+  if (!w.segment->handle_aligned || !b->mapped) return absl::OkStatus();
+  if (w.segment->vmm->ChunkStartsWithin(b->ptr, b->end())) {
+    return InvariantViolation(absl::StrFormat(
+        "block 0x%x (%d bytes) of handle-aligned segment 0x%x spans more than one physical handle", b->ptr,
+        b->size, w.segment->base));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status InvariantChecker::CheckIndexes(ChainWalk& w,
                                             const Block* b) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   ShardExpectation& e = w.e;
@@ -161,7 +172,9 @@ absl::Status InvariantChecker::CheckIndexes(ChainWalk& w,
       return InvariantViolation(absl::StrFormat("block 0x%x awaiting events is cached as free", b->ptr));
     }
   }
-  const bool joins_run = is_free && w.prev_free && w.prev->mapped == b->mapped;
+  // A handle-aligned segment's free blocks merge only within a chunk.
+  const bool chunk_edge = w.segment->handle_aligned && b->mapped && w.segment->vmm->ChunkStartsAt(b->ptr);
+  const bool joins_run = is_free && w.prev_free && w.prev->mapped == b->mapped && !chunk_edge;
   if (!joins_run) w.CloseRun(/*whole_segment=*/false);
   if (is_free) {
     if (in_index == in_quick) {

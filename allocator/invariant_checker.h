@@ -4,7 +4,8 @@
 // checked, each in its own function:
 //   the segment map      keys, overlaps, owning shard and pool kind (CheckSegment);
 //   expandable chunks    placement, their bytes, mapped blocks = mapped chunks (CheckChunks, CheckChain);
-//   each block chain     links, tiling, sizes, adjacent free blocks merged (CheckLinks, CheckChain);
+//   each block chain     links, tiling, sizes, adjacent free blocks merged (CheckLinks, CheckChain), no
+//                        mapped block of a handle-aligned segment across a chunk edge (CheckWithinOneChunk);
 //   where blocks are     in flight, unmapped index, free index, quick cache, pointer map (CheckInFlight,
 //                        CheckUnmapped, CheckIndexes);
 //   the statistics       block statistics per shard, segment statistics for the device (CompareStats);
@@ -69,6 +70,7 @@ class InvariantChecker {
   absl::Status CheckLinks(const ChainWalk& w, const Block* b) const;
   absl::Status CheckInFlight(ChainWalk& w, const Block* b) const;
   absl::Status CheckUnmapped(ChainWalk& w, const Block* b) const;
+  absl::Status CheckWithinOneChunk(const ChainWalk& w, const Block* b) const;
   absl::Status CheckIndexes(ChainWalk& w, const Block* b) const;
   absl::Status CheckShard(const StreamShard* shard, const ShardExpectation& e) const;
   absl::Status CheckPools() const;

@@ -165,11 +165,13 @@ void PoolRestorer::LayOutChain(const Segment* segment, const CheckpointSegment* 
   } else {
     AddFreePieces(segment, segment->base, segment->base + segment->size, &r.pieces);
   }
-  // Neighbouring free pieces of one mapped state are one block.
+  // Neighbouring free pieces of one mapped state are one block (in a handle-aligned segment, mapped ones
+  // only within one chunk: block.h).
   r.merged.clear();
   for (const Piece& p : r.pieces) {
+    const bool chunk_edge = segment->handle_aligned && p.mapped && segment->vmm->ChunkStartsAt(p.ptr);
     if (!r.merged.empty() && !p.allocated && !r.merged.back().allocated &&
-        r.merged.back().mapped == p.mapped) {
+        r.merged.back().mapped == p.mapped && !chunk_edge) {
       r.merged.back().size += p.size;
     } else {
       r.merged.push_back(p);

@@ -134,6 +134,7 @@ absl::Status PoolRestorer::ValidateAgainstPool(const PoolShardsLock& lock) const
           s.base, s.size, pool_));
     }
   }
+  if (absl::Status st = CheckHandleAligned(); !st.ok()) return st;
   // A block freed by the restore must not be in use on another stream: nothing would wait for that use.
   // Checked before phase 1 maps anything, so that such a refusal leaves the pool as it was.
   for (const auto& [base, segment] : segments_) {
@@ -144,6 +145,37 @@ absl::Status PoolRestorer::ValidateAgainstPool(const PoolShardsLock& lock) const
             "Restore: live block 0x%x of pool %d is used on other streams (RecordStream); free it first",
             b->ptr, pool_));
       }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PoolRestorer::CheckHandleAligned() const {
+  for (const CheckpointSegment& s : checkpoint_.segments) {
+    const Segment* live = segments_.Find(s.base);
+    if (!s.expandable || !live->handle_aligned) continue;
+    const auto& chunks = live->vmm->chunks();
+    for (const CheckpointBlock& c : s.blocks) {
+      if (!c.allocated) continue;
+      const DevicePtr begin = s.base + c.offset;
+      const DevicePtr end = begin + c.size;
+      auto it = chunks.upper_bound(begin);
+      if (it != chunks.begin()) --it;
+      int overlapping = 0;
+      bool inside = false;
+      for (; it != chunks.end() && it->first < end; ++it) {
+        const DevicePtr chunk_end = it->first + it->second.size;
+        if (chunk_end <= begin) continue;
+        ++overlapping;
+        inside = it->first <= begin && chunk_end >= end;
+      }
+      // No chunk under it: phase 1 maps one for the whole unmapped range around it.
+      if (overlapping == 0 || (overlapping == 1 && inside)) continue;
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "Restore: the checkpoint's block 0x%x (%d bytes) of handle-aligned pool %d would span more than "
+          "one physical handle (its memory was released and mapped again in other pieces since the "
+          "checkpoint)",
+          begin, c.size, pool_));
     }
   }
   return absl::OkStatus();

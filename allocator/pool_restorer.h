@@ -69,6 +69,8 @@ class PoolRestorer {
   // Validation (pool_restorer.cc).
   absl::Status ValidateShape() const;
   absl::Status ValidateAgainstPool(const PoolShardsLock& lock) const;
+  // A handle-aligned segment's checkpointed live blocks must each fit one chunk, mapped now or by phase 1.
+  absl::Status CheckHandleAligned() const;
 
   // Phase 1 (pool_restorer.cc).
   absl::Status MapMissingRanges();

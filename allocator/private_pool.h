@@ -36,6 +36,9 @@ struct PoolOptions {
   // Blocks of this pool are never split: each allocation gets a segment of its own, sized to the request
   // (rounded to the device's granularity), for memory registered whole with other libraries (NCCL).
   bool no_split = false;
+  // No block of the pool's expandable segments spans two physical handles (Config::handle_aligned, for
+  // this pool only): for memory registered with NCCL or RDMA, which see one handle per pointer.
+  bool handle_aligned = false;
   // A name for sleeping and waking pools together (CachingAllocator::Sleep with SleepScope::Tag); several
   // pools may share one. Empty: no tag.
   std::string tag{};

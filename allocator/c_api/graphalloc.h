@@ -81,6 +81,8 @@ typedef struct graphalloc_pool_options {
   int use_on_oom;
   /* Blocks are never split: each allocation gets a segment of its own (memory registered whole elsewhere). */
   int no_split;
+  /* No block of the pool's expandable segments spans two physical handles (NCCL/RDMA registration). */
+  int handle_aligned;
 } graphalloc_pool_options;
 
 typedef struct graphalloc_pool_stats {

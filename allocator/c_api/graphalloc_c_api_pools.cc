@@ -111,6 +111,7 @@ absl::Status CreatePool(const char* function, int device, const graphalloc_pool_
   if (options != nullptr) {
     opts.use_on_oom = options->use_on_oom != 0;
     opts.no_split = options->no_split != 0;
+    opts.handle_aligned = options->handle_aligned != 0;
   }
   if (tag != nullptr) opts.tag = tag;
   opts.communication = communication;

@@ -134,7 +134,7 @@ def library_path() -> str:
 
 class PoolOptions(ctypes.Structure):
     """graphalloc_pool_options."""
-    _fields_ = [("use_on_oom", ctypes.c_int), ("no_split", ctypes.c_int)]
+    _fields_ = [("use_on_oom", ctypes.c_int), ("no_split", ctypes.c_int), ("handle_aligned", ctypes.c_int)]
 
 
 class PoolStats(ctypes.Structure):
@@ -351,13 +351,14 @@ def _pool_function(name: str):
 
 
 def pool_create(device: int = 0, use_on_oom: bool = False, no_split: bool = False,
-                tag: Optional[str] = None) -> int:
+                tag: Optional[str] = None, handle_aligned: bool = False) -> int:
     """A new private pool on `device`; returns its id, with one reference held (pool_release drops it).
 
     `tag` (None or "": none) names the pool for ``sleep(tags=...)`` and ``wake(tags=...)``; several pools may
-    share a tag."""
+    share a tag. `handle_aligned`: no block of the pool spans two physical handles (for NCCL or RDMA
+    registration of its memory; docs/sharing.md)."""
     out = ctypes.c_uint64(0)
-    options = PoolOptions(1 if use_on_oom else 0, 1 if no_split else 0)
+    options = PoolOptions(1 if use_on_oom else 0, 1 if no_split else 0, 1 if handle_aligned else 0)
     if tag:
         _check("graphalloc_pool_create_with_tag",
                _sleep_function("graphalloc_pool_create_with_tag")(int(device), ctypes.byref(options),

@@ -1,9 +1,12 @@
 // 100,000 random operations over several streams and sizes (512 B to 64 MiB): every live block holds a
 // pattern derived from its id, verified when it is freed; invariants are checked after every step.
+// Runs with the default configuration, others, and handle-aligned expandable segments (the config key, and a
+// private pool with the option), whose invariants include that no mapped block spans two chunks.
 // Set GRAPHALLOC_TEST_SEED to replay a failing run; the seed is printed. GRAPHALLOC_TEST_SCALE scales the
 // operation counts (scripts/test.sh shortens them under the sanitizers).
 #include <cmath>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "graphalloc/allocator/caching_allocator.h"
@@ -26,8 +29,21 @@ struct Live {
 class AllocatorRandomizedTest : public AllocatorFixture {
  protected:
   // `base_operations` times GRAPHALLOC_TEST_SCALE (shorter under the sanitizers).
-  void Run(Config config, std::uint64_t default_seed, int base_operations) {
+  // With `pool_options`, every allocation goes to a private pool created with them (a thread route).
+  void Run(Config config, std::uint64_t default_seed, int base_operations,
+           std::optional<PoolOptions> pool_options = std::nullopt) {
     GRAPHALLOC_ALLOCATOR_SETUP(config);
+    std::optional<PrivatePool> pool;
+    std::optional<PoolRoute> route;
+    if (pool_options.has_value()) {
+      absl::StatusOr<PrivatePool> created = allocator_->CreatePool(*pool_options);
+      ASSERT_TRUE(created.ok()) << created.status();
+      pool.emplace(*std::move(created));
+      absl::StatusOr<PoolRoute> opened =
+          allocator_->BeginAllocateToPool(*pool, PoolRouteFilter::ForCallingThread());
+      ASSERT_TRUE(opened.ok()) << opened.status();
+      route.emplace(*std::move(opened));
+    }
     const std::uint64_t seed = testing::TestSeed(default_seed);
     const int operations = testing::ScaledCount(base_operations);
     std::cout << "AllocatorRandomizedTest seed=" << seed
@@ -73,6 +89,8 @@ class AllocatorRandomizedTest : public AllocatorFixture {
       ASSERT_TRUE(testing::CheckPattern(*driver_, l.ptr, l.size, l.id).ok());
       ASSERT_TRUE(allocator_->Free(l.ptr).ok());
     }
+    route.reset();
+    pool.reset();
     ASSERT_TRUE(allocator_->EmptyCache().ok());
     ExpectInvariants();
     const DeviceStats s = Stats();
@@ -102,6 +120,18 @@ TEST_F(AllocatorRandomizedTest, MixedOperationsWithOversizeAndRoundingConfig) {
   absl::StatusOr<Config> config = Config::Parse("max_split_size_mb:40,roundup_power2_divisions:4");
   ASSERT_TRUE(config.ok());
   Run(*config, 7, 20000);
+}
+
+TEST_F(AllocatorRandomizedTest, HandleAlignedSegmentsMixedOperationsKeepContentsAndInvariants) {
+  absl::StatusOr<Config> config = Config::Parse("handle_aligned:True");
+  ASSERT_TRUE(config.ok());
+  Run(*config, 20261127, 50000);
+}
+
+TEST_F(AllocatorRandomizedTest, HandleAlignedPoolMixedOperationsKeepContentsAndInvariants) {
+  PoolOptions options;
+  options.handle_aligned = true;
+  Run(Config{}, 20261128, 50000, options);
 }
 
 }  // namespace

@@ -18,6 +18,21 @@ TEST(ConfigTest, EmptyStringGivesDefaults) {
   EXPECT_EQ(*config, Config{});
   EXPECT_EQ(config->max_split_size, std::numeric_limits<std::size_t>::max());
   EXPECT_TRUE(config->expandable_segments);  // on by default
+  EXPECT_FALSE(config->handle_aligned);
+}
+
+TEST(ConfigTest, HandleAlignedParsesRoundTripsAndDiffers) {
+  absl::StatusOr<Config> config = Config::Parse("handle_aligned:True");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->handle_aligned);
+  EXPECT_EQ(config->DiffFromDefaults(), "handle_aligned:True");
+  absl::StatusOr<Config> again = Config::Parse(config->ToString());
+  ASSERT_TRUE(again.ok()) << again.status() << " for " << config->ToString();
+  EXPECT_EQ(*again, *config);
+  // Off, the key is left out of ToString (as the defaults of other optional keys are).
+  EXPECT_THAT(Config{}.ToString(), ::testing::Not(HasSubstr("handle_aligned")));
+  EXPECT_THAT(Config::Parse("handle_aligned:maybe").status().message(),
+              HasSubstr("bad value 'maybe' for key 'handle_aligned'; accepted: True or False"));
 }
 
 TEST(ConfigTest, ParsesEveryKey) {

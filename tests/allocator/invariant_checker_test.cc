@@ -1,6 +1,7 @@
 // The invariant checker on a hand-made allocator state: a consistent one passes, and each kind of damage
 // (a broken chain link, a free block missing from the index, block or segment statistics that disagree
-// with the blocks, a pool's reserved bytes) is reported in its own words.
+// with the blocks, a pool's reserved bytes, a handle-aligned segment's block across two chunks) is reported
+// in its own words.
 #include "graphalloc/allocator/invariant_checker.h"
 
 #include <memory>
@@ -28,7 +29,46 @@ class InvariantCheckerTest : public ::testing::Test {
   }
   void TearDown() override {
     MutexLock lock(&device_mu_);
-    for (const std::unique_ptr<Segment>& s : segments_) ledger_.Unlink(s.get());
+    for (const std::unique_ptr<Segment>& s : segments_) {
+      if (s->expandable) {
+        ledger_.RemoveReservation(s.get());
+      } else {
+        ledger_.Unlink(s.get());
+      }
+    }
+  }
+
+  // An expandable large-pool segment of 8 granules: two chunks of one granule each mapped at its start,
+  // holding one free block each, and the unmapped rest.
+  Segment* AddTwoChunkSegment(DevicePtr base, bool handle_aligned) {
+    const std::size_t gran = driver_->Info().granularity;
+    segments_.push_back(std::make_unique<Segment>());
+    Segment* s = segments_.back().get();
+    s->base = base;
+    s->size = 8 * gran;
+    s->stream = kDefaultStream;
+    s->shard = shard_;
+    s->pool = &shard_->large_pool;
+    s->expandable = true;
+    s->handle_aligned = handle_aligned;
+    s->vmm = std::make_unique<ExpandableSegment>(base, s->size);
+    SpinLockHolder shard_lock(&shard_->mu);
+    Block* head = shard_->arena.New();
+    head->ptr = base;
+    head->size = s->size;
+    head->segment = s;
+    s->head = head;
+    Block* second = blocks_.SplitOff(*shard_, head, base + gran);
+    Block* rest = blocks_.SplitOff(*shard_, second, base + 2 * gran);
+    rest->mapped = false;
+    shard_->large_pool.Insert(head);
+    shard_->large_pool.Insert(second);
+    shard_->large_pool.unmapped.emplace(rest->ptr, rest);
+    MutexLock lock(&device_mu_);
+    ledger_.AddReservation(s);
+    ledger_.ChunkMapped(s, {base, gran, PhysicalHandle{}});
+    ledger_.ChunkMapped(s, {base + gran, gran, PhysicalHandle{}});
+    return s;
   }
 
   // A regular small-pool segment of one free block, as the allocator would leave it.
@@ -135,6 +175,36 @@ TEST_F(InvariantCheckerTest, APoolsReservedBytes) {
     pools_.Find(id)->peak_reserved_bytes = 4096;
   }
   ExpectViolation("pool 1 reserved_bytes is 4096 but its segments hold 0");
+}
+
+TEST_F(InvariantCheckerTest, AHandleAlignedSegmentKeepsFreeBlocksApartAtAChunkEdge) {
+  AddTwoChunkSegment(0x40000000, /*handle_aligned=*/true);
+  EXPECT_TRUE(Check().ok()) << Check();
+}
+
+TEST_F(InvariantCheckerTest, FreeBlocksApartAtAChunkEdgeOfAnOrdinarySegment) {
+  AddTwoChunkSegment(0x40000000, /*handle_aligned=*/false);
+  ExpectViolation("adjacent free blocks 0x40000000 and 0x40200000 were not merged");
+}
+
+TEST_F(InvariantCheckerTest, AHandleAlignedSegmentsBlockAcrossTwoChunks) {
+  Segment* s = AddTwoChunkSegment(0x40000000, /*handle_aligned=*/true);
+  {
+    // Merged by hand across the chunk edge, as a coalescing that forgot the rule would.
+    SpinLockHolder lock(&shard_->mu);
+    Block* head = s->head;
+    Block* second = head->next;
+    shard_->large_pool.Erase(head);
+    shard_->large_pool.Erase(second);
+    head->size += second->size;
+    head->next = second->next;
+    head->next->prev = head;
+    shard_->arena.Delete(second);
+    shard_->large_pool.Insert(head);
+  }
+  ExpectViolation(
+      "block 0x40000000 (4194304 bytes) of handle-aligned segment 0x40000000 spans more than one physical "
+      "handle");
 }
 
 }  // namespace

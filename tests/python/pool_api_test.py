@@ -42,6 +42,18 @@ class PoolApiTest(unittest.TestCase):
             ga.free(b, 0)
         ga.pool_release(pool, 0)
 
+    def test_handle_aligned_pool_serves_and_frees(self):
+        pool = ga.pool_create(0, handle_aligned=True)
+        with ga.allocate_to_pool(pool, 0):
+            blocks = [ga.malloc(64 << 20, 0) for _ in range(2)]
+        self.assertEqual(ga.pool_stats(pool)["live_blocks"], 2)
+        self.assertEqual(ga.pool_stats(pool)["allocated_bytes"], 128 << 20)
+        for b in blocks:
+            ga.free(b, 0)
+        ga.pool_empty_cache(pool, 0)
+        self.assertEqual(ga.pool_stats(pool)["reserved_bytes"], 0)
+        ga.pool_release(pool, 0)
+
     def test_errors_carry_the_code_and_message(self):
         with self.assertRaises(ga.GraphallocError) as cm:
             ga.pool_release(123456, 0)
