@@ -203,6 +203,19 @@ int graphalloc_pool_create_for_communication(int device, const graphalloc_pool_o
 /* The mapped bytes of `pool` that must stay mapped (pinned, or all of a communication pool's). */
 int graphalloc_pool_pinned_bytes(int device, uint64_t pool, size_t* pinned_bytes);
 
+/* ---- NCCL registration (allocator/registration/nccl_registration.h): every mapping of `pool` of
+ * `device`'s allocator (pool UINT64_MAX: of every pool), present and future, registered with the NCCL
+ * communicator `comm` (an ncclComm_t) by ncclCommRegister, and deregistered before it is unmapped. libnccl is
+ * loaded at run time (GRAPHALLOC_NCCL_LIBRARY, else libnccl.so.2). Use it on a communication pool with
+ * handle-aligned placement, so that each buffer lies inside one registration and stays registered. ---- */
+#define GRAPHALLOC_ALL_POOLS UINT64_MAX
+int graphalloc_nccl_register(int device, uint64_t pool, void* comm, uint64_t* registration);
+/* Mappings registered now, and NCCL errors so far (the first one's message through graphalloc_last_error
+ * when *errors != 0 and the call returns it). Either output may be NULL. */
+int graphalloc_nccl_registration_stats(uint64_t registration, size_t* registered, size_t* errors);
+/* Stops registering and deregisters everything it registered; call it before ncclCommDestroy. */
+int graphalloc_nccl_unregister(uint64_t registration);
+
 /* "graphalloc X.Y.Z": the library's version (the CMake project's), as `graphalloc --version` prints it. */
 const char* graphalloc_version(void);
 

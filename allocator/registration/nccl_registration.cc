@@ -7,16 +7,26 @@
 
 namespace graphalloc {
 
-absl::StatusOr<std::shared_ptr<NcclRegistration>> NcclRegistration::Create(void* comm) {
+absl::StatusOr<std::shared_ptr<NcclRegistration>> NcclRegistration::Make(void* comm,
+                                                                        std::optional<PoolId> pool) {
   if (comm == nullptr) return absl::InvalidArgumentError("NcclRegistration: the communicator is null");
   absl::StatusOr<const NcclLibrary*> nccl = NcclLibrary::Load();
   if (!nccl.ok()) return nccl.status();
-  return std::shared_ptr<NcclRegistration>(new NcclRegistration(**nccl, comm));
+  return std::shared_ptr<NcclRegistration>(new NcclRegistration(**nccl, comm, pool));
+}
+
+absl::StatusOr<std::shared_ptr<NcclRegistration>> NcclRegistration::Create(void* comm) {
+  return Make(comm, std::nullopt);
+}
+
+absl::StatusOr<std::shared_ptr<NcclRegistration>> NcclRegistration::CreateForPool(void* comm, PoolId pool) {
+  return Make(comm, pool);
 }
 
 NcclRegistration::~NcclRegistration() { (void)DeregisterAll(); }
 
 void NcclRegistration::OnMap(const MappingEvent& event) {
+  if (!Mine(event)) return;
   void* handle = nullptr;
   const int result = nccl_.comm_register(comm_, reinterpret_cast<void*>(event.ptr), event.size, &handle);
   if (result != 0) {
@@ -31,6 +41,7 @@ void NcclRegistration::OnMap(const MappingEvent& event) {
 }
 
 void NcclRegistration::OnUnmap(const MappingEvent& event) {
+  if (!Mine(event)) return;
   void* handle = nullptr;
   {
     MutexLock lock(&mu_);

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
@@ -27,6 +28,9 @@ class NcclRegistration : public MappingObserver {
  public:
   // An observer for the communicator `comm` (an ncclComm_t), NCCL loaded as NcclLibrary::Load() says.
   static absl::StatusOr<std::shared_ptr<NcclRegistration>> Create(void* comm);
+  // The same for the mappings of one pool only (a communication pool, PoolOptions::communication): the
+  // others are left unregistered, so that NCCL holds registrations only for the buffers it is given.
+  static absl::StatusOr<std::shared_ptr<NcclRegistration>> CreateForPool(void* comm, PoolId pool);
   ~NcclRegistration() override;
 
   void OnMap(const MappingEvent& event) override;
@@ -41,10 +45,14 @@ class NcclRegistration : public MappingObserver {
   std::size_t registered() const;
 
  private:
-  NcclRegistration(const NcclLibrary& nccl, void* comm) : nccl_(nccl), comm_(comm) {}
+  static absl::StatusOr<std::shared_ptr<NcclRegistration>> Make(void* comm, std::optional<PoolId> pool);
+  NcclRegistration(const NcclLibrary& nccl, void* comm, std::optional<PoolId> pool)
+      : nccl_(nccl), comm_(comm), pool_(pool) {}
+  bool Mine(const MappingEvent& event) const { return !pool_.has_value() || event.pool == *pool_; }
 
   const NcclLibrary& nccl_;
   void* const comm_;
+  const std::optional<PoolId> pool_;  // only this pool's mappings; all when empty
   mutable Mutex mu_;
   absl::btree_map<DevicePtr, void*> handles_ ABSL_GUARDED_BY(mu_);  // by mapping address
   ObserverErrors errors_;

@@ -180,6 +180,17 @@ void TorchPoolTable::SetNoSplit(const TorchPoolKey& key) {
   entry.options.no_split = true;
 }
 
+void TorchPoolTable::SetCommunication(const TorchPoolKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Entry& entry = Find(key, "register_nccl");
+  TORCH_CHECK(!entry.pool || (entry.options.communication && entry.options.handle_aligned),
+              "graphalloc: register_nccl on ", Describe(key),
+              " after it was first used: graphalloc fixes a pool's options when it first allocates; register "
+              "the MemPool before allocating from it");
+  entry.options.communication = true;
+  entry.options.handle_aligned = true;
+}
+
 bool TorchPoolTable::CheckLiveAllocations(const TorchPoolKey& key,
                                           const std::unordered_set<void*>& expected) {
   graphalloc::PrivatePool pool;

@@ -66,6 +66,10 @@ class TorchPoolTable {
   int UseCount(const TorchPoolKey& key);
   void SetUseOnOom(const TorchPoolKey& key, bool use_on_oom);
   void SetNoSplit(const TorchPoolKey& key);
+  // Makes the pool a communication pool with handle-aligned placement (graphalloc.torch.register_nccl):
+  // every mapping stays mapped, registered once, and every block lies inside one of them. Before its
+  // first allocation only, as setNoSplit.
+  void SetCommunication(const TorchPoolKey& key);
   // Whether the pool's allocated blocks are exactly `expected` (PyTorch's checkPoolLiveAllocations).
   bool CheckLiveAllocations(const TorchPoolKey& key, const std::unordered_set<void*>& expected);
   // Returns the pool's cached free memory to the device; nothing for a pool graphalloc never created.

@@ -26,7 +26,7 @@ __all__ = [
     "snapshot_json", "snapshot", "record_history", "empty_cache", "set_memory_fraction", "reset_peak_stats",
     "reset_accumulated_stats", "record_stream", "malloc", "free", "last_error", "pool_create", "pool_retain",
     "pool_release", "pool_stats", "pool_empty_cache", "allocate_to_pool", "sleep", "wake", "pool_sleep",
-    "pool_wake", "pool_sleep_state",
+    "pool_wake", "pool_sleep_state", "NcclRegistration", "nccl_register",
 ]
 
 # graphalloc_status codes (allocator/c_api/graphalloc.h).
@@ -184,6 +184,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "graphalloc_pool_wake": (ctypes.c_int, [ctypes.c_int, c_u64]),
         "graphalloc_pool_sleep_state": (ctypes.c_int, [ctypes.c_int, c_u64, ctypes.POINTER(ctypes.c_int),
                                                        c_size_p, c_size_p]),
+        "graphalloc_nccl_register": (ctypes.c_int, [ctypes.c_int, c_u64, ctypes.c_void_p, c_u64_p]),
+        "graphalloc_nccl_registration_stats": (ctypes.c_int, [c_u64, c_size_p, c_size_p]),
+        "graphalloc_nccl_unregister": (ctypes.c_int, [c_u64]),
     }
     for name, (restype, argtypes) in sigs.items():
         if hasattr(lib, name):
@@ -511,6 +514,45 @@ def pool_sleep_state(pool: int = 0, device: int = 0) -> dict:
            _sleep_function("graphalloc_pool_sleep_state")(int(device), int(pool), ctypes.byref(asleep),
                                                            ctypes.byref(sleeping), ctypes.byref(backup)))
     return {"asleep": bool(asleep.value), "sleeping_bytes": sleeping.value, "backup_bytes": backup.value}
+
+
+ALL_POOLS = (1 << 64) - 1  # GRAPHALLOC_ALL_POOLS
+
+
+class NcclRegistration:
+    """Every mapping of one pool (or of every pool) registered with an NCCL communicator, present and future
+    (graphalloc_nccl_register; docs/sharing.md). close() deregisters everything; call it before the
+    communicator is destroyed."""
+
+    def __init__(self, handle: int, device: int, pool: int):
+        self.handle, self.device, self.pool = handle, device, pool
+
+    def stats(self) -> dict:
+        """{"registered": mappings registered now, "errors": NCCL errors so far, "first_error": its message}."""
+        registered, errors = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        code = _exported("graphalloc_nccl_registration_stats", "NCCL registration")(
+            self.handle, ctypes.byref(registered), ctypes.byref(errors))
+        return {"registered": registered.value, "errors": errors.value,
+                "first_error": last_error() if code != OK else ""}
+
+    def close(self) -> None:
+        if self.handle:
+            handle, self.handle = self.handle, 0
+            _check("graphalloc_nccl_unregister",
+                   _exported("graphalloc_nccl_unregister", "NCCL registration")(handle))
+
+    def __repr__(self) -> str:
+        return f"NcclRegistration(device={self.device}, pool={self.pool}, handle={self.handle})"
+
+
+def nccl_register(comm: int, pool: int = ALL_POOLS, device: int = 0) -> NcclRegistration:
+    """Registers every mapping of `pool` (a graphalloc pool id; ALL_POOLS: every pool) of `device` with the
+    NCCL communicator `comm` (an ncclComm_t as an int), now and whenever one is mapped, and deregisters each
+    before it is unmapped. libnccl is loaded at run time ($GRAPHALLOC_NCCL_LIBRARY, else libnccl.so.2)."""
+    handle = ctypes.c_uint64(0)
+    _check("graphalloc_nccl_register", _exported("graphalloc_nccl_register", "NCCL registration")(
+        int(device), int(pool), ctypes.c_void_p(int(comm)), ctypes.byref(handle)))
+    return NcclRegistration(handle.value, int(device), int(pool))
 
 
 def cli_path() -> Optional[str]:

@@ -56,6 +56,7 @@ __all__ = [
     "max_memory_allocated", "memory_reserved", "max_memory_reserved", "empty_cache", "reset_peak_memory_stats",
     "reset_accumulated_memory_stats", "set_per_process_memory_fraction", "record_stream", "record_history",
     "snapshot", "dump_snapshot", "export_torch", "config", "library_path", "graph_pool_id", "graph_pool_stats",
+    "register_nccl",
     "open_capture_routes", "GraphCaptureUnsupported", "InstallError", "backend", "sleep", "wake", "sleep_state",
 ]
 
@@ -356,6 +357,42 @@ def graph_pool_stats(pool, device=None) -> Optional[Dict[str, int]]:
     """graphalloc's statistics of the private pool behind a PyTorch pool id, or None (see graph_pool_id)."""
     ga_pool = graph_pool_id(pool, device)
     return None if ga_pool is None else _ga.pool_stats(ga_pool, _device_index(device))
+
+
+def register_nccl(pool, group=None, device=None):
+    """Makes the torch.cuda.MemPool `pool` a communication pool of `group`'s NCCL communicator (default: the
+    default process group): every mapping of the pool is registered once with ncclCommRegister when mapped,
+    stays mapped (empty_cache() leaves it) and is deregistered when the pool goes; placement is
+    handle-aligned, so that every tensor lies inside one registration. Call it before allocating from the
+    pool; returns a graphalloc.NcclRegistration (stats(), close(): close before destroying the group).
+    The C++ backend only (install(backend="allocator")). docs/sharing.md says more."""
+    if _backend != "allocator" or _shim is None:
+        raise RuntimeError("graphalloc.torch.register_nccl needs graphalloc's C++ backend "
+                           f"(graphalloc.torch.backend() is {_backend!r})")
+    import torch
+    import torch.distributed as dist
+    dev = _device_index(device)
+    first, second = (int(x) for x in pool.id)
+    fn = getattr(_shim, "graphalloc_torch_backend_pool_for_communication", None)
+    if fn is None:
+        raise NotImplementedError(f"{_shim_path} predates register_nccl: rebuild libgraphalloc_torch.so")
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int, _ull, _ull, ctypes.c_char_p, ctypes.c_size_t]
+    error = ctypes.create_string_buffer(1024)
+    if fn(dev, first, second, error, len(error)) != 0:
+        raise RuntimeError(error.value.decode("utf-8", "replace"))
+    # The graphalloc pool exists from the pool's first allocation on.
+    with torch.cuda.use_mem_pool(pool):
+        probe = torch.empty(1, device=torch.device("cuda", dev))
+    ga_pool = graph_pool_id(pool.id, dev)
+    del probe
+    if ga_pool is None:
+        raise RuntimeError(f"graphalloc.torch.register_nccl: no graphalloc pool behind MemPool {pool.id}")
+    group = group if group is not None else dist.group.WORLD
+    comm = group._get_backend(torch.device("cuda", dev))._comm_ptr()
+    if not comm:
+        raise RuntimeError("graphalloc.torch.register_nccl: the group's NCCL communicator is not created yet "
+                           "(pass device_id to init_process_group, or run one collective first)")
+    return _ga.nccl_register(comm, ga_pool, dev)
 
 
 def open_capture_routes() -> int:
