@@ -101,6 +101,38 @@ TEST_F(NcclRegistrationTest, EveryMappingIsRegisteredWhileItExists) {
   ASSERT_OK(allocator_->RemoveMappingObserver(nccl->get()));
 }
 
+TEST_F(NcclRegistrationTest, APoolsRegistrationRegistersOnlyThatPoolsMappings) {
+  PoolOptions options;
+  options.communication = true;
+  options.handle_aligned = true;
+  ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool(options));
+  absl::StatusOr<std::shared_ptr<NcclRegistration>> nccl = NcclRegistration::CreateForPool(comm_, pool.id());
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  ASSERT_OK(allocator_->AddMappingObserver(*nccl, /*replay_existing=*/true));
+  const DevicePtr outside = Alloc(4 * kMiB);  // the default pool: not registered
+  EXPECT_EQ(Live(), 0);
+  DevicePtr inside = 0;
+  {
+    ASSERT_OK_AND_ASSIGN(PoolRoute route,
+                         allocator_->BeginAllocateToPool(pool, PoolRouteFilter::ForCallingThread()));
+    inside = Alloc(6 * kMiB);
+    ASSERT_OK(route.End());
+  }
+  void* buffer = nullptr;
+  std::size_t size = 0;
+  ASSERT_EQ(fake_.live(&buffer, &size), registered_before_ + 1);
+  // Handle-aligned: the one registration covers the whole block.
+  EXPECT_LE(reinterpret_cast<DevicePtr>(buffer), inside);
+  EXPECT_GE(reinterpret_cast<DevicePtr>(buffer) + size, inside + 6 * kMiB);
+  ASSERT_OK(allocator_->Free(inside));
+  ASSERT_OK(allocator_->EmptyCache());
+  EXPECT_EQ(Live(), 1);  // a communication pool's mapping stays, registered
+  ASSERT_OK(allocator_->Free(outside));
+  ASSERT_OK(allocator_->RemoveMappingObserver(nccl->get()));
+  ASSERT_OK((*nccl)->DeregisterAll());
+  EXPECT_EQ(Live(), 0);
+}
+
 TEST_F(NcclRegistrationTest, ALateRegistrationRegistersWhatIsMappedAndDeregistersAll) {
   const DevicePtr p = Alloc(2 * kMiB);
   const DevicePtr q = Alloc(4 * kMiB);
