@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graphalloc/allocator/base/status_macros.h"
 #include "graphalloc/allocator/invariant_checker.h"
 #include "graphalloc/allocator/size_policy.h"
 
@@ -81,7 +82,8 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       segments_(config_.max_split_size, history_),
       budget_(driver_->Info().total_memory),
       captures_(*driver_),
-      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_}),
+      expandable_(
+          {*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_, config_.shareable_handles}),
       sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
               [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
   if (config_.record_history) {
@@ -210,7 +212,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     return UnknownPointerError("Free", ptr);
   }
   RecordBlockEvent(history_, HistoryAction::kFreeRequested, block);
-  if (!block->stream_uses.empty()) return FreeUsedOnOtherStreams(*shard, ptr, block);
+  if (!block->stream_uses.empty() || block->held) return FreeUsedOnOtherStreams(*shard, ptr, block);
   blocks_.Free(*shard, block);
   const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();
@@ -336,9 +338,10 @@ void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
 
 absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   AllShardsLock lock(shards_, device_mu_);
-  return InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
-                           driver_->Info().granularity, &sleep_})
-      .Run();
+  GRAPHALLOC_RETURN_IF_ERROR(InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
+                                               driver_->Info().granularity, &sleep_})
+                                 .Run());
+  return CheckHolds();
 }
 
 absl::Status CachingAllocator::EnablePeerAccess(int peer_ordinal) {

@@ -39,6 +39,10 @@ struct PoolOptions {
   // A name for sleeping and waking pools together (CachingAllocator::Sleep with SleepScope::Tag); several
   // pools may share one. Empty: no tag.
   std::string tag{};
+  // The pool's expandable segments create their physical memory exportable, so that its blocks can be
+  // shared with other processes (BlockExporter, docs/sharing.md); Config::shareable_handles does it for
+  // every pool.
+  bool shareable = false;
 };
 
 struct PoolStats {
