@@ -182,12 +182,19 @@ bool BlockExporter::Answer(Connection& connection) {
                        "refused: the importer runs as another user than the exporter")));
     return false;
   }
+  // The connection's own hold, taken under mu_ while the export's hold still stands: a Revoke() (which
+  // drops the export's hold only after erasing it under mu_) and a Free() cannot slip in between, so the
+  // address cannot have become another allocation's.
   Exported exported;
+  absl::Status held;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = std::find_if(exports_.begin(), exports_.end(),
                            [&](const auto& e) { return e.second.id == request.block_id; });
-    if (it != exports_.end()) exported = it->second;
+    if (it != exports_.end()) {
+      exported = it->second;
+      held = allocator_.HoldBlock(exported.block.ptr).status();
+    }
   }
   if (exported.id == 0) {
     (void)connection.channel.Send(Encode(
@@ -195,9 +202,8 @@ bool BlockExporter::Answer(Connection& connection) {
                 absl::StrCat("block id ", request.block_id, " is not exported (never, or revoked since)"))));
     return false;
   }
-  // The connection's own hold, taken before anything is sent: the export's hold keeps the block meanwhile.
-  if (absl::Status s = allocator_.HoldBlock(exported.block.ptr).status(); !s.ok()) {
-    (void)connection.channel.Send(Encode(Refusal(s.code(), s.message())));
+  if (!held.ok()) {
+    (void)connection.channel.Send(Encode(Refusal(held.code(), held.message())));
     return false;
   }
   connection.ptr = exported.block.ptr;

@@ -52,8 +52,11 @@ absl::Status ImportedBlock::Close() {
   for (PhysicalHandle h : handles_) keep(driver_->MemRelease(h));
   if (reservation_size_ > 0) keep(driver_->AddressFree(reservation_, reservation_size_));
   if (ipc_base_ != 0) keep(driver_->IpcCloseMemHandle(ipc_base_));
-  // Last: the exporter's hold goes with the connection, once nothing here maps the memory.
-  channel_.Close();
+  // Last, once nothing here maps the memory: the exporter releases its hold when it sees the end, and
+  // closes its side; waiting for that makes the release done when Close() returns.
+  if (absl::Status s = channel_.Finish(absl::Seconds(10)); !s.ok() && first.ok()) {
+    first = absl::Status(s.code(), absl::StrCat("the exporter did not acknowledge the close: ", s.message()));
+  }
   handles_.clear();
   mapped_size_ = reservation_size_ = 0;
   reservation_ = ipc_base_ = ptr_ = 0;

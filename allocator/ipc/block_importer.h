@@ -32,8 +32,9 @@ class ImportedBlock {
   const ExportToken& token() const { return token_; }
   bool is_open() const { return driver_ != nullptr; }
 
-  // Unmaps and releases what was imported, frees the reservation and closes the connection; the first
-  // driver error is returned, and everything else is still undone. Idempotent.
+  // Unmaps and releases what was imported, frees the reservation and closes the connection, waiting (up to
+  // 10 s) until the exporter has released its hold; the first error is returned, and everything else is
+  // still undone. Idempotent.
   absl::Status Close();
 
  private:

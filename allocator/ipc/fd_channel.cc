@@ -101,6 +101,25 @@ void FdChannel::Close() {
   fd_ = -1;
 }
 
+absl::Status FdChannel::Finish(absl::Duration timeout) {
+  if (fd_ < 0) return absl::OkStatus();
+  absl::Status s;
+  if (shutdown(fd_, SHUT_WR) == 0) {
+    // Whatever the peer still sends is dropped; its end shows as a read of 0 bytes (or a reset).
+    const absl::Time deadline = absl::Now() + timeout;
+    char sink[256];
+    for (;;) {
+      s = WaitReadable(fd_, deadline - absl::Now(), peer_);
+      if (!s.ok()) break;
+      const ssize_t n = recv(fd_, sink, sizeof(sink), 0);
+      if (n > 0 || (n < 0 && errno == EINTR)) continue;
+      break;
+    }
+  }
+  Close();
+  return s;
+}
+
 absl::Status FdChannel::Send(absl::string_view payload, std::span<const int> fds) {
   if (fd_ < 0)
     return absl::FailedPreconditionError(absl::StrCat("send to ", peer_, ": the channel is closed"));

@@ -54,6 +54,9 @@ class FdChannel {
   void set_peer(std::string peer) { peer_ = std::move(peer); }
   bool is_open() const { return fd_ >= 0; }
   void Close();
+  // Says this end is done (shuts down its writing side), waits up to `timeout` for the peer to close its
+  // end too, and closes: when it returns OK, the peer has seen the end and acted on it.
+  absl::Status Finish(absl::Duration timeout);
 
  private:
   int fd_ = -1;

@@ -4,9 +4,10 @@
 //                         handle, with the simulated device's memfd attached)
 //   exporter -> importer  for an expandable segment, ChunkBatch frames of up to kMaxFdsPerFrame chunks,
 //                         each chunk's file descriptor attached in order
-// then nothing: the connection stays open while the importer maps the block, and its end (a close, or the
-// importer's death) releases the exporter's hold on the block. Plain structs copied byte for byte: both
-// ends are this library on one host.
+// then nothing: the connection stays open while the importer maps the block. Its end (the importer shuts
+// its side down, or dies) releases the exporter's hold on the block; the exporter then closes its side,
+// which a closing importer waits for, so that the release is done when its Close() returns. Plain structs
+// copied byte for byte: both ends are this library on one host.
 #ifndef GRAPHALLOC_ALLOCATOR_IPC_IPC_PROTOCOL_H_
 #define GRAPHALLOC_ALLOCATOR_IPC_IPC_PROTOCOL_H_
 
