@@ -69,6 +69,9 @@ struct alignas(64) Block {
   // Taken out of every index while its shard's lock is released for driver calls (an expandable segment
   // growing into it or unmapping it); nothing merges with it or allocates it meanwhile.
   bool in_flight : 1 = false;
+  // Allocated and held (CachingAllocator::HoldBlock: mapped by another process): a Free() waits for the
+  // last hold to go.
+  bool held : 1 = false;
 
   bool IsSplit() const { return prev != nullptr || next != nullptr; }
   // Every block of a segment belongs to the segment's stream.
@@ -79,7 +82,7 @@ struct alignas(64) Block {
     size = requested_size = 0;
     segment = nullptr;
     prev = next = nullptr;
-    allocated = freeing = in_quick = in_flight = false;
+    allocated = freeing = in_quick = in_flight = held = false;
     mapped = true;
     event_count = 0;
     stream_uses.clear();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graphalloc/allocator/base/status_macros.h"
 #include "graphalloc/allocator/invariant_checker.h"
 #include "graphalloc/allocator/size_policy.h"
 
@@ -83,7 +84,7 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       captures_(*driver_),
       hooks_(driver_->Info().ordinal),
       expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_, hooks_,
-                   config_.handle_aligned}),
+                   config_.handle_aligned, config_.shareable_handles}),
       sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
               [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
   if (config_.record_history) {
@@ -223,7 +224,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     return UnknownPointerError("Free", ptr);
   }
   RecordBlockEvent(history_, HistoryAction::kFreeRequested, block);
-  if (!block->stream_uses.empty()) return FreeUsedOnOtherStreams(*shard, ptr, block);
+  if (!block->stream_uses.empty() || block->held) return FreeUsedOnOtherStreams(*shard, ptr, block);
   blocks_.Free(*shard, block);
   const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();
@@ -349,13 +350,11 @@ void CachingAllocator::SetMemoryLimit(std::size_t bytes) {
 
 absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   AllShardsLock lock(shards_, device_mu_);
-  if (absl::Status s = InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
-                                         driver_->Info().granularity, &sleep_})
-                           .Run();
-      !s.ok()) {
-    return s;
-  }
-  return hooks_.CheckInvariants();
+  GRAPHALLOC_RETURN_IF_ERROR(InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
+                                               driver_->Info().granularity, &sleep_})
+                                 .Run());
+  GRAPHALLOC_RETURN_IF_ERROR(hooks_.CheckInvariants());
+  return CheckHolds();
 }
 
 absl::Status CachingAllocator::EnablePeerAccess(int peer_ordinal) {

@@ -27,8 +27,8 @@
 //   PoolSleep                   sleep and wake of pools, in phases                    (pool_sleep.h)
 //   InvariantChecker            CheckInvariants                                       (invariant_checker.h)
 // What stays here: finding a request's shard and a pointer's owner, the slow path's order of retries
-// (allocation_slow_path.cc), stream events (stream_events.cc), the pool lifecycle (private_pools.cc) and
-// snapshots (allocator_snapshot.cc).
+// (allocation_slow_path.cc), stream events (stream_events.cc), the pool lifecycle (private_pools.cc),
+// snapshots (allocator_snapshot.cc) and holds on blocks shared with other processes (block_holds.cc).
 #ifndef GRAPHALLOC_ALLOCATOR_CACHING_ALLOCATOR_H_
 #define GRAPHALLOC_ALLOCATOR_CACHING_ALLOCATOR_H_
 
@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/allocation_request.h"
@@ -72,6 +73,20 @@
 
 namespace graphalloc {
 
+// What a hold (CachingAllocator::HoldBlock) tells its caller about the block it keeps: enough to share the
+// block's memory with another process.
+struct HeldBlock {
+  DevicePtr ptr = 0;
+  std::size_t size = 0;
+  DevicePtr segment_base = 0;
+  bool expandable = false;
+  // Expandable segments: whether the pool's handles export (Config::shareable_handles,
+  // PoolOptions::shareable), and the chunks that cover the block, in address order (the first may begin
+  // before it, the last end after it).
+  bool shareable = false;
+  std::vector<ChunkPlacement> chunks;
+};
+
 class CachingAllocator {
  public:
   // `driver` must outlive nothing: the allocator shares its ownership.
@@ -95,6 +110,17 @@ class CachingAllocator {
   // Marks `ptr` as used on `stream` too: when freed, it is reused only after the work enqueued on
   // `stream` up to the Free() has completed.
   absl::Status RecordStream(DevicePtr ptr, Stream stream);
+
+  // ---- Holds (block_holds.cc): another process maps a block (allocator/ipc/). ----
+  // Keeps the block that Allocate() returned at `ptr` from being reused or unmapped until the hold is
+  // released. A Free() of a held block returns at once, but the block stays allocated (in the statistics
+  // too) until the last hold goes; that release completes the free. Holds nest. InvalidArgument for a
+  // pointer not allocated; FailedPrecondition for a block being freed or a sleeping pool's.
+  absl::StatusOr<HeldBlock> HoldBlock(DevicePtr ptr);
+  // Drops one hold of the block at `ptr`; the last one completes a Free() made meanwhile.
+  absl::Status ReleaseHold(DevicePtr ptr);
+  // How many holds the block at `ptr` has (0 for none, or no such block).
+  int HoldCount(DevicePtr ptr) const;
 
   // Waits for outstanding stream events and returns every unused cached segment to the device, and frees
   // the pinned host memory wakes kept for the next backed-up sleep (pool_sleep.h).
@@ -254,8 +280,9 @@ class CachingAllocator {
   DevicePtr AllocateFromOomPools(const AllocationRequest& request);
 
   // ---- Stream events (stream_events.cc). ----
-  // Free() of a block recorded on other streams (its shard locked; unlocked on return): deferred while a
-  // capture is underway, else an event on each of those streams holds it until their work is done.
+  // Free() of a block recorded on other streams or held (its shard locked; unlocked on return): a held one
+  // waits for its last hold (ReleaseHold); else deferred while a capture is underway, else an event on
+  // each of those streams holds it until their work is done.
   absl::Status FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block)
       ABSL_UNLOCK_FUNCTION(shard.mu);
   absl::Status FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block);
@@ -270,6 +297,9 @@ class CachingAllocator {
   // The shard whose allocated map holds `ptr`, locked; nullptr (nothing locked) if none.
   StreamShard* LockOwnerOf(DevicePtr ptr, Block** block) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   absl::Status UnknownPointerError(absl::string_view operation, DevicePtr ptr) const;
+  // Holds (block_holds.cc): every held block is allocated, has its `held` bit and a positive count, and no
+  // other block has the bit. Every lock held.
+  absl::Status CheckHolds() const ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   const std::shared_ptr<Driver> driver_;
   const Config config_;
@@ -300,6 +330,8 @@ class CachingAllocator {
   ExpandableSegments expandable_;
   // Sleeping pools and the sleep and wake sequences (pool_sleep.h).
   PoolSleep sleep_;
+  // Holds per held block (HoldBlock); a block is here iff its `held` bit is set.
+  absl::flat_hash_map<const Block*, int> holds_ ABSL_GUARDED_BY(device_mu_);
 };
 
 }  // namespace graphalloc

@@ -20,7 +20,7 @@ namespace {
 constexpr absl::string_view kKnownKeys =
     "max_split_size_mb, max_non_split_rounding_mb, large_segment_size_mb, roundup_power2_divisions, "
     "garbage_collection_threshold, expandable_segments, handle_aligned, per_process_memory_fraction, "
-    "release_lock_on_cudamalloc, record_history, history_max_entries, history_stacks";
+    "release_lock_on_cudamalloc, record_history, history_max_entries, history_stacks, shareable_handles";
 
 // PYTORCH_CUDA_ALLOC_CONF keys of PyTorch's allocator that graphalloc has no use for: the backend choice
 // (graphalloc is the backend) and the pinned host memory allocator's settings (graphalloc allocates device
@@ -239,6 +239,10 @@ absl::StatusOr<Config> Config::Parse(absl::string_view text, std::vector<std::st
       auto v = ParseFraction(key, value, /*open_interval=*/true);
       if (!v.ok()) return v.status();
       config.garbage_collection_threshold = *v;
+    } else if (key == "shareable_handles") {
+      auto v = ParseBool(key, value);
+      if (!v.ok()) return v.status();
+      config.shareable_handles = *v;
     } else if (key == "expandable_segments") {
       auto v = ParseBool(key, value);
       if (!v.ok()) return v.status();
@@ -291,7 +295,7 @@ namespace {
 std::vector<std::string> Entries(const Config& c) {
   const auto& [max_split_size, max_non_split_rounding_size, large_segment_size, roundup_power2_divisions,
                garbage_collection_threshold, expandable_segments, handle_aligned, per_process_memory_fraction,
-               record_history, history_max_entries, history_stacks] = c;
+               record_history, history_max_entries, history_stacks, shareable_handles] = c;
   std::vector<std::string> parts;
   if (max_split_size != std::numeric_limits<std::size_t>::max()) {
     parts.push_back(absl::StrCat("max_split_size_mb:", max_split_size / kMiB));
@@ -313,6 +317,7 @@ std::vector<std::string> Entries(const Config& c) {
   parts.push_back(absl::StrCat("record_history:", record_history ? "True" : "False"));
   parts.push_back(absl::StrCat("history_max_entries:", history_max_entries));
   parts.push_back(absl::StrCat("history_stacks:", history_stacks ? "True" : "False"));
+  parts.push_back(absl::StrCat("shareable_handles:", shareable_handles ? "True" : "False"));
   return parts;
 }
 

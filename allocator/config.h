@@ -48,6 +48,10 @@ struct Config {
   bool record_history = false;
   std::size_t history_max_entries = 100000;
   bool history_stacks = false;
+  // Every expandable segment's physical memory is created exportable (a POSIX file descriptor handle), so
+  // that its blocks can be shared with other processes (allocator/ipc/, docs/sharing.md). Off by
+  // default: PoolOptions::shareable asks it for one pool only.
+  bool shareable_handles = false;
 
   // Parses a configuration string; an empty string gives the defaults. PyTorch-only keys are checked and
   // then ignored, with one line on stderr per key the first time this process sees it.

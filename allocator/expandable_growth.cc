@@ -14,6 +14,7 @@
 
 #include "graphalloc/allocator/base/bytes.h"
 #include "graphalloc/allocator/expandable_segments.h"
+#include "graphalloc/allocator/pool_state.h"
 
 namespace graphalloc {
 
@@ -28,7 +29,16 @@ ExpandableSegments::ExpandableSegments(const Parts& parts)
       hooks_(parts.hooks),
       reservation_(RoundUp(parts.driver.Info().total_memory, parts.driver.Info().granularity)),
       granularity_(parts.driver.Info().granularity),
-      handle_aligned_(parts.handle_aligned) {}
+      handle_aligned_(parts.handle_aligned),
+      shareable_all_(parts.shareable_handles) {}
+
+bool ExpandableSegments::Shareable(const PoolState* pool) const {
+  return shareable_all_ || (pool != nullptr && pool->options.shareable);
+}
+
+absl::StatusOr<PhysicalHandle> ExpandableSegments::CreateHandle(const PoolState* pool, std::size_t size) {
+  return Shareable(pool) ? driver_.MemCreateShareable(size) : driver_.MemCreate(size);
+}
 
 absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const AllocationRequest& request) {
   if (request.size > reservation_) return DevicePtr{0};
@@ -100,7 +110,10 @@ bool ExpandableSegments::PlanGrowth(StreamShard& shard, BlockPool& pool, std::si
   MutexLock lock(&device_mu_);
   const std::size_t reserved = segments_.reserved_bytes();
   const std::size_t committed = budget_.Committed(reserved, handles_.bytes(), size);
-  planner.SourceHoles(handles_,
+  // The cache mixes every pool's handles: unless all are exportable, a shareable pool creates its own.
+  HandleCache none;
+  const bool may_reuse = shareable_all_ || !Shareable(shard.pool);
+  planner.SourceHoles(may_reuse ? handles_ : none,
                       MaxNewChunkSize(size, planner.stranded(), committed, budget_.capacity(), granularity_));
   planner.CarveStolenChunks();
   plan->over_limit = budget_.OverLimit(reserved, handles_.bytes(), plan->cached_bytes + plan->new_bytes);
@@ -124,7 +137,7 @@ absl::StatusOr<bool> ExpandableSegments::ExecuteGrowth(StreamShard& shard, Growt
   x.error = AdmitGrowth(plan, &admitted);
   UnmapStolenChunks(shard, plan, x);
   ReleaseRetiredChunks(plan, x);
-  CreateHandles(plan, x);
+  CreateHandles(shard.pool, plan, x);
   MapHoles(plan, x);
   SettleGrowth(shard, plan, admitted, x);
   if (x.error.ok()) return true;
@@ -180,14 +193,14 @@ void ExpandableSegments::ReleaseRetiredChunks(const GrowthPlan& plan, const Exec
   }
 }
 
-void ExpandableSegments::CreateHandles(GrowthPlan& plan, Execution& x) {
+void ExpandableSegments::CreateHandles(const PoolState* pool, GrowthPlan& plan, Execution& x) {
   // Releasing cached handles and retrying once when the device is full.
   for (GrowthPlan::Hole& hole : plan.holes) {
     for (GrowthPlan::Source& src : hole.sources) {
       if (!x.error.ok() || !src.created) continue;
-      absl::StatusOr<PhysicalHandle> h = driver_.MemCreate(src.size);
+      absl::StatusOr<PhysicalHandle> h = CreateHandle(pool, src.size);
       if (absl::IsResourceExhausted(h.status())) {
-        if (absl::Status s = ReleaseCachedHandles(); s.ok()) h = driver_.MemCreate(src.size);
+        if (absl::Status s = ReleaseCachedHandles(); s.ok()) h = CreateHandle(pool, src.size);
       }
       if (!h.ok()) {
         x.error = h.status();

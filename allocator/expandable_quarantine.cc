@@ -92,8 +92,9 @@ void ExpandableSegments::CacheHandle(const ChunkPlacement& handle) {
   handles_.Put(handle.size, handle.handle);
 }
 
-bool ExpandableSegments::TakeCachedHandle(std::size_t size, PhysicalHandle* handle) {
+bool ExpandableSegments::TakeCachedHandle(const PoolState* pool, std::size_t size, PhysicalHandle* handle) {
   device_mu_.AssertHeld();
+  if (!shareable_all_ && Shareable(pool)) return false;  // the cache may hold handles that do not export
   return handles_.TakeExact(size, handle);
 }
 

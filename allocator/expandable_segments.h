@@ -57,6 +57,7 @@ class ExpandableSegments {
     CaptureTracker& captures;
     MappingHooks& hooks;
     bool handle_aligned = false;  // Config::handle_aligned: every segment keeps blocks inside one handle
+    bool shareable_handles = false;  // Config::shareable_handles
   };
   explicit ExpandableSegments(const Parts& parts);
 
@@ -73,6 +74,12 @@ class ExpandableSegments {
   // Adds `peer_ordinal` to the devices every chunk grants access to, and grants it on every chunk mapped
   // now (the driver has enabled peer access already).
   absl::Status AddPeer(int peer_ordinal);
+  // Whether the physical memory of `pool`'s expandable segments (nullptr: the default pool) is created
+  // exportable to other processes (Config::shareable_handles, PoolOptions::shareable).
+  bool Shareable(const PoolState* pool) const;
+  // A new physical handle of `size` for `pool`'s segments, exportable when Shareable(pool): every growth,
+  // wake and restore creates its handles here. No lock held.
+  absl::StatusOr<PhysicalHandle> CreateHandle(const PoolState* pool, std::size_t size);
 
   // ---- Release (expandable_release.cc). ----
   // Unmaps every chunk of `scope` (PoolRegistry::Releasable) wholly covered by free blocks, releases every
@@ -96,8 +103,9 @@ class ExpandableSegments {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // A handle that is not mapped anywhere, kept for the next growth. Device lock held.
   void CacheHandle(const ChunkPlacement& handle);
-  // A cached handle of exactly `size`, taken out of the cache (a wake reuses it). Device lock held.
-  bool TakeCachedHandle(std::size_t size, PhysicalHandle* handle);
+  // A cached handle of exactly `size` for `pool`'s segments, taken out of the cache (a wake reuses it).
+  // Device lock held.
+  bool TakeCachedHandle(const PoolState* pool, std::size_t size, PhysicalHandle* handle);
   // The peers every mapping grants access to. Device lock held.
   std::vector<int> peers() const;
   // Whether `block` is a quarantined chunk's; whether the chunk at `ptr` is accessible. Device lock held.
@@ -125,6 +133,7 @@ class ExpandableSegments {
   void UnmapStolenChunks(StreamShard& shard, const GrowthPlan& plan, Execution& x);
   void ReleaseRetiredChunks(const GrowthPlan& plan, const Execution& x);
   void CreateHandles(GrowthPlan& plan, Execution& x);
+  void CreateHandles(const PoolState* pool, GrowthPlan& plan, Execution& x);
   void MapHoles(const GrowthPlan& plan, Execution& x);
   void NotifyMappedHoles(const GrowthPlan& plan, const Execution& x);
   void SettleGrowth(StreamShard& shard, const GrowthPlan& plan, bool admitted, const Execution& x);
@@ -151,6 +160,7 @@ class ExpandableSegments {
   const std::size_t reservation_;  // the size of every reserved range: the device's memory, rounded up
   const std::size_t granularity_;
   const bool handle_aligned_;
+  const bool shareable_all_;  // Config::shareable_handles: every handle, cached ones too, is exportable
   // Unmapped physical handles kept for reuse (handle_cache.h).
   HandleCache handles_ ABSL_GUARDED_BY(device_mu_);
   std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);

@@ -278,6 +278,12 @@ absl::Status PoolSleep::Prepare(const SleepRequest& request, std::vector<Target>
                                                             " is being released by another thread; retry"));
         }
         for (const Block* b = segment->head; b != nullptr; b = b->next) {
+          if (b->held) {
+            return absl::FailedPreconditionError(absl::StrFormat(
+                "Sleep: block 0x%x of %s is shared with another process (allocator/ipc); it must stay "
+                "mapped until every importer closed it, so the pool cannot sleep now",
+                b->ptr, PoolName(t.id, t.tag)));
+          }
           if (b->in_flight || b->freeing) {
             return absl::FailedPreconditionError(absl::StrFormat(
                 "Sleep: block 0x%x of %s is being changed by another thread (a growth, release or free in "
@@ -487,7 +493,8 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
         if (segment->vmm == nullptr || !InPool(segment, t.id)) continue;
         for (const auto& [ptr, chunk] : segment->vmm->sleeping_chunks()) {
           WakeJob::Chunk c{segment, {ptr, chunk.size, chunk.handle}, chunk.mapped, chunk.mapped};
-          if (!c.has_handle) c.has_handle = expandable_.TakeCachedHandle(chunk.size, &c.chunk.handle);
+          if (!c.has_handle)
+            c.has_handle = expandable_.TakeCachedHandle(segment->shard->pool, chunk.size, &c.chunk.handle);
           job.chunks.push_back(c);
         }
       }
@@ -534,7 +541,7 @@ absl::Status PoolSleep::MapAll(WakeJob& job) {
   for (WakeJob::Chunk& c : job.chunks) {
     if (c.was_mapped) continue;
     if (!c.has_handle) {
-      absl::StatusOr<PhysicalHandle> handle = driver_.MemCreate(c.chunk.size);
+      absl::StatusOr<PhysicalHandle> handle = expandable_.CreateHandle(c.segment->shard->pool, c.chunk.size);
       if (!handle.ok()) return handle.status();
       c.chunk.handle = *handle;
       c.has_handle = c.created = true;

@@ -47,6 +47,10 @@ struct PoolOptions {
   // destroyed: EmptyCache, the release before out-of-memory and growths leave its chunks where they are,
   // and it cannot sleep.
   bool communication = false;
+  // The pool's expandable segments create their physical memory exportable, so that its blocks can be
+  // shared with other processes (BlockExporter, docs/sharing.md); Config::shareable_handles does it for
+  // every pool.
+  bool shareable = false;
 };
 
 struct PoolStats {

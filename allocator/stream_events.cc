@@ -12,6 +12,11 @@ namespace graphalloc {
 absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block) {
   // Marked at once, so that a concurrent second Free of the same pointer is refused.
   block->freeing = true;
+  // A held block stays allocated: the last ReleaseHold() completes this free.
+  if (block->held) {
+    shard.mu.Unlock();
+    return absl::OkStatus();
+  }
   // Recording events on streams that may be capturing would put them into the graph (and querying them
   // later is illegal): the free waits until the last capture route ends (RunDeferredFrees).
   if (captures_.underway() && routes_.DeferWhileCapturing(&shard, block, captures_)) {

@@ -216,6 +216,27 @@ int graphalloc_nccl_registration_stats(uint64_t registration, size_t* registered
 /* Stops registering and deregisters everything it registered; call it before ncclCommDestroy. */
 int graphalloc_nccl_unregister(uint64_t registration);
 
+/* ---- Sharing blocks with other processes (docs/sharing.md). An exported block's memory reaches the
+ * importing process as file descriptors over a Unix socket: expandable segments need exportable handles
+ * (GRAPHALLOC_CONF=shareable_handles:True, else FAILED_PRECONDITION), regular segments go through CUDA IPC.
+ * The block stays allocated, its memory unused by anything else, until its export is revoked and every
+ * importer closed it (or died), even if its owner frees it meanwhile. ---- */
+
+/* Writes the block's token (a NUL-terminated string of at most 256 bytes with the NUL) to `token`; ptr is
+ * an address graphalloc_malloc returned on `device`. Exporting a block again gives the same token.
+ * BUFFER_TOO_SMALL when token_size is too small (the export stands). */
+int graphalloc_export_block(void* ptr, int device, char* token, size_t token_size);
+/* Ends the export of the block at ptr: no new importer gets it; importers that have it keep it. */
+int graphalloc_export_revoke(void* ptr, int device);
+/* An opaque imported block. */
+typedef struct graphalloc_import graphalloc_import_t;
+/* Maps the block `token` names for `device` in this process: *ptr its first byte, *out the handle to
+ * close. UNAVAILABLE when the exporter is gone, INVALID_ARGUMENT for a bad token, else the exporter's or the
+ * driver's reason. */
+int graphalloc_import_block(int device, const char* token, void** ptr, graphalloc_import_t** out);
+/* Unmaps an imported block and tells its exporter (NULL: nothing). */
+int graphalloc_import_close(graphalloc_import_t* import);
+
 /* "graphalloc X.Y.Z": the library's version (the CMake project's), as `graphalloc --version` prints it. */
 const char* graphalloc_version(void);
 

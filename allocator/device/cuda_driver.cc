@@ -14,6 +14,8 @@
 #include "graphalloc/allocator/device/cuda_driver.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -342,6 +344,67 @@ absl::StatusOr<int> CudaDriver::MemGetDmaBufFd(DevicePtr ptr, std::size_t size) 
   GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemGetHandleForAddressRange, &fd, ptr, size,
                                   CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, /*flags=*/0);
   return fd;
+}
+
+absl::StatusOr<PhysicalHandle> CudaDriver::MemCreateShareable(std::size_t size) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  CUmemAllocationProp prop = state_->prop;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle handle = 0;
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemCreate, &handle, size, &prop, /*flags=*/0);
+  return PhysicalHandle{handle};
+}
+
+absl::StatusOr<Driver::ShareableHandle> CudaDriver::MemExportToShareableHandle(PhysicalHandle handle) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  int fd = -1;
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemExportToShareableHandle, &fd,
+                                  static_cast<CUmemGenericAllocationHandle>(handle),
+                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, /*flags=*/0);
+  // CUDA cannot tell a handle's size; the caller, who created it, fills `size` in.
+  return ShareableHandle{.fd = fd, .offset = 0, .size = 0};
+}
+
+absl::StatusOr<PhysicalHandle> CudaDriver::MemImportFromShareableHandle(const ShareableHandle& shared) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  CUmemGenericAllocationHandle handle = 0;
+  // For POSIX file descriptors the driver takes the descriptor's value in the pointer argument.
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemImportFromShareableHandle, &handle,
+                                  reinterpret_cast<void*>(static_cast<std::intptr_t>(shared.fd)),
+                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  return PhysicalHandle{handle};
+}
+
+absl::StatusOr<PhysicalHandle> CudaDriver::MemRetainAllocationHandle(DevicePtr ptr) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  CUmemGenericAllocationHandle handle = 0;
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemRetainAllocationHandle, &handle, reinterpret_cast<void*>(ptr));
+  return PhysicalHandle{handle};
+}
+
+absl::StatusOr<Driver::IpcMemHandle> CudaDriver::IpcGetMemHandle(DevicePtr ptr) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  CUipcMemHandle native{};
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(IpcGetMemHandle, &native, ptr);
+  IpcMemHandle handle;
+  static_assert(sizeof(native.reserved) == sizeof(handle.bytes));
+  std::memcpy(handle.bytes.data(), native.reserved, sizeof(native.reserved));
+  return handle;
+}
+
+absl::StatusOr<DevicePtr> CudaDriver::IpcOpenMemHandle(const IpcMemHandle& handle) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  CUipcMemHandle native{};
+  std::memcpy(native.reserved, handle.bytes.data(), sizeof(native.reserved));
+  CUdeviceptr ptr = 0;
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(IpcOpenMemHandle, &ptr, native, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  return static_cast<DevicePtr>(ptr);
+}
+
+absl::Status CudaDriver::IpcCloseMemHandle(DevicePtr ptr) {
+  GRAPHALLOC_CUDA_CONTEXT();
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(IpcCloseMemHandle, ptr);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<void*> CudaDriver::HostAlloc(std::size_t size) {

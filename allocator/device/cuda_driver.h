@@ -40,6 +40,13 @@ class CudaDriver final : public Driver {
   absl::Status MemSetAccess(DevicePtr ptr, std::size_t size, std::span<const int> peers) override;
   absl::StatusOr<DevicePtr> MemAlloc(std::size_t size) override;
   absl::Status MemFree(DevicePtr ptr) override;
+  absl::StatusOr<PhysicalHandle> MemCreateShareable(std::size_t size) override;
+  absl::StatusOr<ShareableHandle> MemExportToShareableHandle(PhysicalHandle handle) override;
+  absl::StatusOr<PhysicalHandle> MemImportFromShareableHandle(const ShareableHandle& shared) override;
+  absl::StatusOr<PhysicalHandle> MemRetainAllocationHandle(DevicePtr ptr) override;
+  absl::StatusOr<IpcMemHandle> IpcGetMemHandle(DevicePtr ptr) override;
+  absl::StatusOr<DevicePtr> IpcOpenMemHandle(const IpcMemHandle& handle) override;
+  absl::Status IpcCloseMemHandle(DevicePtr ptr) override;
   absl::StatusOr<void*> HostAlloc(std::size_t size) override;
   absl::Status HostFree(void* ptr) override;
   absl::StatusOr<int> MemGetDmaBufFd(DevicePtr ptr, std::size_t size) override;

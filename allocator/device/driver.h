@@ -8,6 +8,7 @@
 #ifndef GRAPHALLOC_ALLOCATOR_DEVICE_DRIVER_H_
 #define GRAPHALLOC_ALLOCATOR_DEVICE_DRIVER_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -102,6 +103,36 @@ class Driver {
   // ---- Plain device allocations (cuMemAlloc / cuMemFree). ----
   virtual absl::StatusOr<DevicePtr> MemAlloc(std::size_t size) = 0;
   virtual absl::Status MemFree(DevicePtr ptr) = 0;
+
+  // ---- Sharing memory with other processes. ----
+  // A physical handle or plain allocation exported for another process: a file descriptor the caller
+  // owns (close it when done), which stays valid in any process it is passed to over a Unix socket. On
+  // CUDA a POSIX file descriptor of the handle (offset 0); on the simulated device a memfd holding it at
+  // `offset`. `size` is the handle's size, which the importer maps: CUDA cannot tell it, so an export
+  // there leaves it 0 and the caller, who created the handle, fills it in.
+  struct ShareableHandle {
+    int fd = -1;
+    std::size_t offset = 0;
+    std::size_t size = 0;
+  };
+  // cuMemCreate with requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR. Only such handles
+  // export.
+  virtual absl::StatusOr<PhysicalHandle> MemCreateShareable(std::size_t size) = 0;
+  virtual absl::StatusOr<ShareableHandle> MemExportToShareableHandle(PhysicalHandle handle) = 0;
+  // The caller keeps owning `shared.fd`; the returned handle is MemRelease'd like any other. The memory
+  // lives until every process released every handle and mapping of it.
+  virtual absl::StatusOr<PhysicalHandle> MemImportFromShareableHandle(const ShareableHandle& shared) = 0;
+  // The handle under `ptr` (cuMemRetainAllocationHandle), one more reference: MemRelease it.
+  virtual absl::StatusOr<PhysicalHandle> MemRetainAllocationHandle(DevicePtr ptr) = 0;
+  // Plain allocations (MemAlloc) across processes: cuIpcGetMemHandle / cuIpcOpenMemHandle /
+  // cuIpcCloseMemHandle. `fd` is the simulated device's memfd (the caller owns it), -1 on CUDA.
+  struct IpcMemHandle {
+    std::array<char, 64> bytes{};
+    int fd = -1;
+  };
+  virtual absl::StatusOr<IpcMemHandle> IpcGetMemHandle(DevicePtr ptr) = 0;  // ptr: the allocation's base
+  virtual absl::StatusOr<DevicePtr> IpcOpenMemHandle(const IpcMemHandle& handle) = 0;
+  virtual absl::Status IpcCloseMemHandle(DevicePtr ptr) = 0;
 
   // ---- Pinned host memory (cuMemHostAlloc / cuMemFreeHost): host memory the device copies to and from at
   // full bandwidth. Its address, as a DevicePtr, is a valid CopyAsync source or destination (unified

@@ -38,6 +38,26 @@ class ForwardingDriver : public Driver {
   }
   absl::StatusOr<DevicePtr> MemAlloc(std::size_t size) override { return inner_->MemAlloc(size); }
   absl::Status MemFree(DevicePtr ptr) override { return inner_->MemFree(ptr); }
+
+  absl::StatusOr<PhysicalHandle> MemCreateShareable(std::size_t size) override {
+    return inner_->MemCreateShareable(size);
+  }
+  absl::StatusOr<ShareableHandle> MemExportToShareableHandle(PhysicalHandle handle) override {
+    return inner_->MemExportToShareableHandle(handle);
+  }
+  absl::StatusOr<PhysicalHandle> MemImportFromShareableHandle(const ShareableHandle& shared) override {
+    return inner_->MemImportFromShareableHandle(shared);
+  }
+  absl::StatusOr<PhysicalHandle> MemRetainAllocationHandle(DevicePtr ptr) override {
+    return inner_->MemRetainAllocationHandle(ptr);
+  }
+  absl::StatusOr<IpcMemHandle> IpcGetMemHandle(DevicePtr ptr) override {
+    return inner_->IpcGetMemHandle(ptr);
+  }
+  absl::StatusOr<DevicePtr> IpcOpenMemHandle(const IpcMemHandle& handle) override {
+    return inner_->IpcOpenMemHandle(handle);
+  }
+  absl::Status IpcCloseMemHandle(DevicePtr ptr) override { return inner_->IpcCloseMemHandle(ptr); }
   absl::StatusOr<void*> HostAlloc(std::size_t size) override { return inner_->HostAlloc(size); }
   absl::Status HostFree(void* ptr) override { return inner_->HostFree(ptr); }
   absl::StatusOr<int> MemGetDmaBufFd(DevicePtr ptr, std::size_t size) override {

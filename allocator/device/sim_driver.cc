@@ -121,6 +121,10 @@ SimDriver::~SimDriver() {
   for (const auto& [ptr, size] : reservations) munmap(reinterpret_cast<void*>(ptr), size);
   for (const auto& [ptr, a] : allocations) munmap(reinterpret_cast<void*>(ptr), a.size);
   for (const auto& [ptr, size] : host_allocations) std::free(ptr);
+  for (const auto& [ptr, size] : state_->ipc_opened) munmap(reinterpret_cast<void*>(ptr), size);
+  for (const auto& [id, phys] : state_->physical) {
+    if (phys.fd >= 0) close(phys.fd);
+  }
   close(state_->memfd);
 }
 
@@ -174,6 +178,7 @@ SimCounters SimDriver::Counters() const {
   for (const auto& [ptr, a] : state_->allocations) c.allocated_bytes += a.size;
   c.host_allocations = state_->host_allocations.size();
   for (const auto& [ptr, size] : state_->host_allocations) c.host_bytes += size;
+  c.ipc_mappings = state_->ipc_opened.size();
   for (const auto& [id, s] : state_->streams) c.streams += (id != 0 && !s->destroyed) ? 1 : 0;
   c.events = state_->events.size();
   c.graphs = state_->graphs.size();

@@ -59,6 +59,13 @@ enum class SimCall : int {
   kHostAlloc,
   kHostFree,
   kMemGetDmaBufFd,
+  // Sharing with other processes (MemCreateShareable counts as kMemCreate).
+  kMemExport,  // MemExportToShareableHandle
+  kMemImport,  // MemImportFromShareableHandle
+  kMemRetain,  // MemRetainAllocationHandle
+  kIpcGetMemHandle,
+  kIpcOpenMemHandle,
+  kIpcCloseMemHandle,
   kCount,
 };
 
@@ -78,6 +85,7 @@ struct SimCounters {
   std::size_t graph_execs = 0;
   std::size_t host_allocations = 0;  // HostAlloc blocks (pinned host memory)
   std::size_t host_bytes = 0;
+  std::size_t ipc_mappings = 0;  // IpcOpenMemHandle mappings not yet closed
   std::size_t pending_work = 0;  // closures queued and not yet run (manual completion)
   // Not a resource: queued copies and memsets that, when they ran, found part of their memory unmapped
   // or without access (on a GPU, an illegal address). Such work is skipped instead of faulting, so a test
@@ -127,6 +135,13 @@ class SimDriver final : public Driver {
   absl::Status MemSetAccess(DevicePtr ptr, std::size_t size, std::span<const int> peers) override;
   absl::StatusOr<DevicePtr> MemAlloc(std::size_t size) override;
   absl::Status MemFree(DevicePtr ptr) override;
+  absl::StatusOr<PhysicalHandle> MemCreateShareable(std::size_t size) override;
+  absl::StatusOr<ShareableHandle> MemExportToShareableHandle(PhysicalHandle handle) override;
+  absl::StatusOr<PhysicalHandle> MemImportFromShareableHandle(const ShareableHandle& shared) override;
+  absl::StatusOr<PhysicalHandle> MemRetainAllocationHandle(DevicePtr ptr) override;
+  absl::StatusOr<IpcMemHandle> IpcGetMemHandle(DevicePtr ptr) override;
+  absl::StatusOr<DevicePtr> IpcOpenMemHandle(const IpcMemHandle& handle) override;
+  absl::Status IpcCloseMemHandle(DevicePtr ptr) override;
   absl::StatusOr<void*> HostAlloc(std::size_t size) override;
   absl::Status HostFree(void* ptr) override;
   // A memfd holding a copy of the range's bytes (the simulated device has no dma-buf to share).

@@ -60,6 +60,19 @@ TEST(ConfigTest, ParsesHistoryKeys) {
               HasSubstr("accepted: an integer number of events from 1 to 4294967296"));
 }
 
+TEST(ConfigTest, ParsesShareableHandlesAndNamesItOnlyWhenOn) {
+  absl::StatusOr<Config> config = Config::Parse("shareable_handles:True");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->shareable_handles);
+  EXPECT_FALSE(Config{}.shareable_handles);
+  EXPECT_EQ(config->DiffFromDefaults(), "shareable_handles:True");
+  EXPECT_THAT(config->ToString(), HasSubstr(",shareable_handles:True"));
+  absl::StatusOr<Config> again = Config::Parse(config->ToString());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *config);
+  EXPECT_FALSE(Config::Parse("shareable_handles:maybe").ok());
+}
+
 TEST(ConfigTest, RoundupDivisionsSingleValueFillsEveryInterval) {
   absl::StatusOr<Config> config = Config::Parse("roundup_power2_divisions:4");
   ASSERT_TRUE(config.ok()) << config.status();

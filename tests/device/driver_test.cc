@@ -4,6 +4,8 @@
 // test on a stale mapping) uses AsSim() and skips on the real one.
 #include "graphalloc/allocator/device/driver.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -456,6 +458,117 @@ TEST(DriverTest, CountersReturnToZeroAfterTeardown) {
   ASSERT_OK(driver->AddressFree(base, 2 * gran));
   ExpectAllZero(sim->Counters());
   EXPECT_EQ(sim->UsedBytes(), 0u);
+}
+
+// ---- Sharing with other processes. Importing into the exporting process is what CUDA allows for
+// shareable handles, so these run unchanged on the GPU; two processes are tests/ipc's. ----
+
+TEST(DriverTest, ShareableHandleExportedAndImportedAliasesTheSameMemory) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t gran = driver->Info().granularity;
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle h, driver->MemCreateShareable(gran));
+  ASSERT_OK_AND_ASSIGN(Driver::ShareableHandle shared, driver->MemExportToShareableHandle(h));
+  ASSERT_GE(shared.fd, 0);
+  if (shared.size == 0) shared.size = gran;  // CUDA cannot tell the size: the creator fills it in
+  EXPECT_EQ(shared.size, gran);
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle imported, driver->MemImportFromShareableHandle(shared));
+  ASSERT_EQ(close(shared.fd), 0);  // the import holds the memory, not the descriptor
+  ASSERT_OK_AND_ASSIGN(const DevicePtr base, driver->AddressReserve(2 * gran, 0));
+  ASSERT_OK(driver->MemMap(base, gran, h));
+  ASSERT_OK(driver->MemMap(base + gran, gran, imported));
+  ASSERT_OK(driver->MemSetAccess(base, 2 * gran, {}));
+  const std::vector<std::uint8_t> written = Pattern(gran, 3);
+  ASSERT_OK(driver->CopyHostToDevice(base, written.data(), gran));
+  std::vector<std::uint8_t> read(gran, 0);
+  ASSERT_OK(driver->CopyDeviceToHost(read.data(), base + gran, gran));
+  EXPECT_TRUE(read == written);
+  const std::uint8_t back = 0xA5;
+  ASSERT_OK(driver->CopyHostToDevice(base + gran + 17, &back, 1));
+  std::uint8_t seen = 0;
+  ASSERT_OK(driver->CopyDeviceToHost(&seen, base + 17, 1));
+  EXPECT_EQ(seen, 0xA5);
+  ASSERT_OK(driver->MemUnmap(base, 2 * gran));
+  ASSERT_OK(driver->MemRelease(imported));
+  ASSERT_OK(driver->MemRelease(h));
+  ASSERT_OK(driver->AddressFree(base, 2 * gran));
+  if (SimDriver* sim = AsSim(driver.get())) {
+    ExpectAllZero(sim->Counters());
+    EXPECT_EQ(sim->UsedBytes(), 0u);
+  }
+}
+
+TEST(DriverTest, ImportedMemoryOutlivesTheCreatorsRelease) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t gran = driver->Info().granularity;
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle h, driver->MemCreateShareable(gran));
+  ASSERT_OK_AND_ASSIGN(const DevicePtr base, driver->AddressReserve(gran, 0));
+  ASSERT_OK(driver->MemMap(base, gran, h));
+  ASSERT_OK(driver->MemSetAccess(base, gran, {}));
+  const std::vector<std::uint8_t> written = Pattern(gran, 11);
+  ASSERT_OK(driver->CopyHostToDevice(base, written.data(), gran));
+  ASSERT_OK_AND_ASSIGN(Driver::ShareableHandle shared, driver->MemExportToShareableHandle(h));
+  if (shared.size == 0) shared.size = gran;
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle imported, driver->MemImportFromShareableHandle(shared));
+  ASSERT_EQ(close(shared.fd), 0);
+  ASSERT_OK(driver->MemUnmap(base, gran));
+  ASSERT_OK(driver->MemRelease(h));
+  ASSERT_OK(driver->MemMap(base, gran, imported));
+  ASSERT_OK(driver->MemSetAccess(base, gran, {}));
+  std::vector<std::uint8_t> read(gran, 0);
+  ASSERT_OK(driver->CopyDeviceToHost(read.data(), base, gran));
+  EXPECT_TRUE(read == written);
+  ASSERT_OK(driver->MemUnmap(base, gran));
+  ASSERT_OK(driver->MemRelease(imported));
+  ASSERT_OK(driver->AddressFree(base, gran));
+  if (SimDriver* sim = AsSim(driver.get())) {
+    ExpectAllZero(sim->Counters());
+    EXPECT_EQ(sim->UsedBytes(), 0u);
+  }
+}
+
+TEST(DriverTest, HandleNotCreatedShareableDoesNotExport) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t gran = driver->Info().granularity;
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle h, driver->MemCreate(gran));
+  const absl::StatusOr<Driver::ShareableHandle> shared = driver->MemExportToShareableHandle(h);
+  EXPECT_FALSE(shared.ok());
+  EXPECT_THAT(shared.status().message(), HasSubstr("cuMemExportToShareableHandle failed"));
+  ASSERT_OK(driver->MemRelease(h));
+}
+
+TEST(DriverTest, RetainedAllocationHandleIsAnotherReferenceToTheMappedHandle) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t gran = driver->Info().granularity;
+  ASSERT_OK_AND_ASSIGN(const DevicePtr base, driver->AddressReserve(2 * gran, 0));
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle h, driver->MemCreateShareable(gran));
+  ASSERT_OK(driver->MemMap(base + gran, gran, h));
+  ASSERT_OK(driver->MemSetAccess(base + gran, gran, {}));
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle retained, driver->MemRetainAllocationHandle(base + gran + 4096));
+  ASSERT_OK(driver->MemRelease(h));
+  // The retained reference alone exports the memory and keeps the handle valid.
+  ASSERT_OK_AND_ASSIGN(Driver::ShareableHandle shared, driver->MemExportToShareableHandle(retained));
+  EXPECT_GE(shared.fd, 0);
+  ASSERT_EQ(close(shared.fd), 0);
+  EXPECT_FALSE(driver->MemRetainAllocationHandle(base).ok());  // nothing mapped there
+  ASSERT_OK(driver->MemUnmap(base + gran, gran));
+  ASSERT_OK(driver->MemRelease(retained));
+  ASSERT_OK(driver->AddressFree(base, 2 * gran));
+  if (SimDriver* sim = AsSim(driver.get())) {
+    EXPECT_EQ(retained, h);
+    ExpectAllZero(sim->Counters());
+  }
+}
+
+TEST(DriverTest, PlainAllocationHasAnIpcHandle) {
+  GRAPHALLOC_REQUIRE_DEVICE(driver);
+  const std::size_t gran = driver->Info().granularity;
+  ASSERT_OK_AND_ASSIGN(const DevicePtr plain, driver->MemAlloc(gran));
+  ASSERT_OK_AND_ASSIGN(const Driver::IpcMemHandle handle, driver->IpcGetMemHandle(plain));
+  if (handle.fd >= 0) {
+    ASSERT_EQ(close(handle.fd), 0);
+  }
+  EXPECT_FALSE(driver->IpcCloseMemHandle(plain).ok());  // not opened through a handle
+  ASSERT_OK(driver->MemFree(plain));
 }
 
 }  // namespace

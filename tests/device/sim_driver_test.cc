@@ -4,6 +4,7 @@
 #include "graphalloc/allocator/device/sim_driver.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -562,6 +563,99 @@ TEST(SimDriverTest, DestructorReleasesWhatTheUserLeaked) {
   EXPECT_EQ(*witness, 0);  // queued work is dropped, not run
   EXPECT_EQ(witness.use_count(), 1);
   EXPECT_EQ(OpenFds(), fds_before);
+}
+
+// Two simulated devices stand for two processes: what one exports the other opens.
+TEST(SimDriverTest, PlainAllocationOpenedThroughAnIpcHandleSharesItsBytesBothWays) {
+  auto exporter = MakeSim();
+  auto importer = MakeSim();
+  ASSERT_NE(exporter, nullptr);
+  ASSERT_NE(importer, nullptr);
+  ASSERT_OK_AND_ASSIGN(const DevicePtr plain, exporter->MemAlloc(kGran));
+  const std::uint32_t word = 0xC0FFEE11;
+  ASSERT_OK(exporter->CopyHostToDevice(plain + 64, &word, sizeof(word)));
+  ASSERT_OK_AND_ASSIGN(Driver::IpcMemHandle handle, exporter->IpcGetMemHandle(plain));
+  ASSERT_GE(handle.fd, 0);
+  ASSERT_OK_AND_ASSIGN(const DevicePtr opened, importer->IpcOpenMemHandle(handle));
+  ASSERT_EQ(close(handle.fd), 0);
+  EXPECT_EQ(importer->Counters().ipc_mappings, 1u);
+  EXPECT_EQ(importer->UsedBytes(), 0u);  // the exporter's memory, not the importer's
+  std::uint32_t seen = 0;
+  ASSERT_OK(importer->CopyDeviceToHost(&seen, opened + 64, sizeof(seen)));
+  EXPECT_EQ(seen, 0xC0FFEE11u);
+  const std::uint32_t reply = 0x5EED;
+  ASSERT_OK(importer->CopyHostToDevice(opened + 128, &reply, sizeof(reply)));
+  ASSERT_OK(exporter->CopyDeviceToHost(&seen, plain + 128, sizeof(seen)));
+  EXPECT_EQ(seen, 0x5EEDu);
+  ASSERT_OK(importer->IpcCloseMemHandle(opened));
+  EXPECT_EQ(importer->Counters().ipc_mappings, 0u);
+  EXPECT_THAT(DriverErrorCode(importer->IpcCloseMemHandle(opened)),
+              Optional(static_cast<int>(DriverResult::kInvalidValue)));
+  ASSERT_OK(exporter->MemFree(plain));
+}
+
+TEST(SimDriverTest, IpcHandleOfAnInteriorPointerOrGarbageIsInvalidValue) {
+  auto sim = MakeSim();
+  ASSERT_NE(sim, nullptr);
+  ASSERT_OK_AND_ASSIGN(const DevicePtr plain, sim->MemAlloc(kGran));
+  EXPECT_THAT(DriverErrorCode(sim->IpcGetMemHandle(plain + 512).status()),
+              Optional(static_cast<int>(DriverResult::kInvalidValue)));
+  Driver::IpcMemHandle garbage;
+  garbage.fd = -1;
+  EXPECT_THAT(DriverErrorCode(sim->IpcOpenMemHandle(garbage).status()),
+              Optional(static_cast<int>(DriverResult::kInvalidValue)));
+  ASSERT_OK(sim->MemFree(plain));
+}
+
+TEST(SimDriverTest, ExportOfAPlainHandleIsInvalidValueAndImportIsChargedToTheExporterOnly) {
+  auto exporter = MakeSim();
+  auto importer = MakeSim();
+  ASSERT_NE(exporter, nullptr);
+  ASSERT_NE(importer, nullptr);
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle plain, exporter->MemCreate(kGran));
+  EXPECT_THAT(DriverErrorCode(exporter->MemExportToShareableHandle(plain).status()),
+              Optional(static_cast<int>(DriverResult::kInvalidValue)));
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle h, exporter->MemCreateShareable(2 * kGran));
+  EXPECT_EQ(exporter->UsedBytes(), 3 * kGran);
+  ASSERT_OK_AND_ASSIGN(const Driver::ShareableHandle shared, exporter->MemExportToShareableHandle(h));
+  EXPECT_EQ(shared.size, 2 * kGran);
+  EXPECT_EQ(shared.offset, 0u);
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle imported, importer->MemImportFromShareableHandle(shared));
+  ASSERT_EQ(close(shared.fd), 0);
+  EXPECT_EQ(importer->UsedBytes(), 0u);
+  EXPECT_EQ(importer->Counters().handles, 1u);
+  EXPECT_EQ(importer->Counters().handle_bytes, 2 * kGran);
+  // A size beyond the file is refused.
+  ASSERT_OK_AND_ASSIGN(Driver::ShareableHandle again, exporter->MemExportToShareableHandle(h));
+  again.size = 4 * kGran;
+  EXPECT_THAT(DriverErrorCode(importer->MemImportFromShareableHandle(again).status()),
+              Optional(static_cast<int>(DriverResult::kInvalidValue)));
+  ASSERT_EQ(close(again.fd), 0);
+  ASSERT_OK(exporter->MemRelease(h));
+  ASSERT_OK(exporter->MemRelease(plain));
+  EXPECT_EQ(exporter->UsedBytes(), 0u);
+  ASSERT_OK(importer->MemRelease(imported));
+  EXPECT_EQ(importer->Counters().handles, 0u);
+}
+
+TEST(SimDriverTest, InjectedFaultsFailTheSharingCalls) {
+  auto sim = MakeSim();
+  ASSERT_NE(sim, nullptr);
+  ASSERT_OK_AND_ASSIGN(const PhysicalHandle h, sim->MemCreateShareable(kGran));
+  sim->InjectFault(SimCall::kMemExport, 1, DriverResult::kOutOfMemory);
+  EXPECT_THAT(DriverErrorCode(sim->MemExportToShareableHandle(h).status()),
+              Optional(static_cast<int>(DriverResult::kOutOfMemory)));
+  ASSERT_OK_AND_ASSIGN(const Driver::ShareableHandle shared, sim->MemExportToShareableHandle(h));
+  sim->InjectFault(SimCall::kMemImport, 1, DriverResult::kOutOfMemory);
+  EXPECT_FALSE(sim->MemImportFromShareableHandle(shared).ok());
+  ASSERT_EQ(close(shared.fd), 0);
+  ASSERT_OK_AND_ASSIGN(const DevicePtr plain, sim->MemAlloc(kGran));
+  sim->InjectFault(SimCall::kIpcGetMemHandle, 1, DriverResult::kInvalidValue);
+  EXPECT_FALSE(sim->IpcGetMemHandle(plain).ok());
+  EXPECT_EQ(sim->InjectedFaultCount(), 3u);
+  EXPECT_EQ(sim->Counters().handles, 1u);
+  ASSERT_OK(sim->MemFree(plain));
+  ASSERT_OK(sim->MemRelease(h));
 }
 
 }  // namespace

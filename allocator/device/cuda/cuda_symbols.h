@@ -49,6 +49,12 @@ namespace graphalloc::cuda {
   X(MemAlloc, 3020)                         \
   X(MemFree, 3020)                          \
   X(MemGetHandleForAddressRange, 11070)     \
+  X(MemExportToShareableHandle, 10020)      \
+  X(MemImportFromShareableHandle, 10020)    \
+  X(MemRetainAllocationHandle, 11000)       \
+  X(IpcGetMemHandle, 4010)                  \
+  X(IpcOpenMemHandle, 11000)                \
+  X(IpcCloseMemHandle, 4010)                \
   X(MemHostAlloc, 2020)                     \
   X(MemFreeHost, 2000)                      \
   X(MemcpyHtoD, 3020)                       \

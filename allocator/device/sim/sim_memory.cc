@@ -73,6 +73,17 @@ void GivePhysical(SimState& s, std::uint64_t offset, std::size_t size) ABSL_EXCL
   s.used_bytes -= size;
 }
 
+// Frees a handle's memory once its id is released and its last mapping gone. A file of its own is only
+// closed: other processes may still hold it, and the kernel frees its pages with the last holder.
+void FreePhysical(SimState& s, const SimPhysical& phys) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (phys.fd < 0) {
+    GivePhysical(s, phys.offset, phys.size);
+    return;
+  }
+  close(phys.fd);
+  if (!phys.imported) s.used_bytes -= phys.size;
+}
+
 bool Aligned(const SimState& s, std::uint64_t v) { return v % s.options.granularity == 0; }
 
 // The reservation that wholly contains [ptr, ptr+size), or end().
@@ -186,6 +197,7 @@ absl::Status SimDriver::MemRelease(PhysicalHandle handle) {
   MutexLock lock(&s.mu);
   auto it = s.physical.find(static_cast<std::uint64_t>(handle));
   if (it == s.physical.end() || it->second.released) return DriverError(kName, DriverResult::kInvalidValue);
+  if (--it->second.refs > 0) return absl::OkStatus();  // a retained reference remains
   --s.live_handles;
   s.live_handle_bytes -= it->second.size;
   if (it->second.map_count > 0) {
@@ -193,7 +205,7 @@ absl::Status SimDriver::MemRelease(PhysicalHandle handle) {
     it->second.released = true;
     return absl::OkStatus();
   }
-  GivePhysical(s, it->second.offset, it->second.size);
+  FreePhysical(s, it->second);
   s.physical.erase(it);
   return absl::OkStatus();
 }
@@ -217,8 +229,9 @@ absl::Status SimDriver::MemMap(DevicePtr ptr, std::size_t size, PhysicalHandle h
   if (next != s.mappings.begin() && std::prev(next)->first + std::prev(next)->second.size > ptr) {
     return DriverError(kName, DriverResult::kInvalidValue);
   }
-  void* p = mmap(AsPtr(ptr), size, PROT_NONE, MAP_FIXED | MAP_SHARED, s.memfd,
-                 static_cast<off_t>(phys->second.offset));
+  const int fd = phys->second.fd >= 0 ? phys->second.fd : s.memfd;
+  void* p =
+      mmap(AsPtr(ptr), size, PROT_NONE, MAP_FIXED | MAP_SHARED, fd, static_cast<off_t>(phys->second.offset));
   if (p == MAP_FAILED) {
     // A failed MAP_FIXED may have dropped the old range: put the reservation back.
     mmap(AsPtr(ptr), size, PROT_NONE, MAP_FIXED | kReserveFlags, -1, 0);
@@ -242,7 +255,7 @@ absl::Status SimDriver::MemUnmap(DevicePtr ptr, std::size_t size) {
   for (auto it = s.mappings.find(ptr); it != s.mappings.end() && it->first < ptr + size;) {
     auto phys = s.physical.find(it->second.phys_id);
     if (--phys->second.map_count == 0 && phys->second.released) {
-      GivePhysical(s, phys->second.offset, phys->second.size);
+      FreePhysical(s, phys->second);
       s.physical.erase(phys);
     }
     it = s.mappings.erase(it);

@@ -50,6 +50,14 @@ struct SimPhysical {
   std::size_t size = 0;
   std::size_t map_count = 0;
   bool released = false;  // the handle id was given back; free the range with its last unmap
+  // Sharing with other processes. A shareable handle has a memfd of its own (`fd`, offset 0), so that the
+  // kernel keeps its pages while any process holds the file or a mapping of it; an imported handle holds
+  // a dup of the exporter's file at `offset` and is not charged against this device's capacity. -1: the
+  // device's memfd.
+  int fd = -1;
+  bool shareable = false;
+  bool imported = false;
+  std::size_t refs = 1;  // MemRetainAllocationHandle adds one; the handle id goes with the last release
 };
 
 struct SimMapping {
@@ -241,6 +249,7 @@ struct SimState {
   std::size_t live_handle_bytes ABSL_GUARDED_BY(mu) = 0;
   std::map<DevicePtr, SimAllocation> allocations ABSL_GUARDED_BY(mu);
   std::map<void*, std::size_t> host_allocations ABSL_GUARDED_BY(mu);  // HostAlloc: address -> size
+  std::map<DevicePtr, std::size_t> ipc_opened ABSL_GUARDED_BY(mu);    // IpcOpenMemHandle: address -> size
 
   std::map<std::uint64_t, std::shared_ptr<SimStreamState>> streams ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::uint64_t, std::shared_ptr<SimEventState>> events ABSL_GUARDED_BY(mu);
