@@ -41,11 +41,6 @@ std::string FormatSize(std::uint64_t size) {
   return os.str();
 }
 
-constexpr const char* kNoIpc =
-    "graphalloc does not share CUDA memory with other processes yet (CUDA IPC of a tensor's storage). Send "
-    "the tensor's contents instead (tensor.cpu() before putting it on a multiprocessing queue), or run the "
-    "sharing process without graphalloc.torch.install()";
-
 }  // namespace
 
 TorchBackend& TorchBackend::Get() {
@@ -54,8 +49,8 @@ TorchBackend& TorchBackend::Get() {
 }
 
 TorchBackend::TorchBackend()
-    : pools_(
-          [this](c10::DeviceIndex device) -> graphalloc::CachingAllocator& { return AllocatorOf(device); }) {}
+    : pools_([this](c10::DeviceIndex device) -> graphalloc::CachingAllocator& { return AllocatorOf(device); }),
+      ipc_([this](c10::DeviceIndex device) -> graphalloc::CachingAllocator& { return AllocatorOf(device); }) {}
 
 graphalloc::CachingAllocator* TorchBackend::Existing(c10::DeviceIndex device) {
   return graphalloc::ExistingDefaultAllocator(device);
@@ -129,6 +124,7 @@ void TorchBackend::Free(void* ptr) {
     if (allocator == nullptr) continue;
     absl::Status s = allocator->Free(Address(ptr));
     if (s.ok()) {
+      if (C10_UNLIKELY(ipc_.exported_any())) ipc_.OwnerFreed(ptr);
       if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
         ReportToProfiler(static_cast<c10::DeviceIndex>(device), ptr, 0, *allocator);
       }
@@ -282,23 +278,7 @@ void TorchBackend::cacheInfo(c10::DeviceIndex device, size_t* largest_block) {
   *largest_block = std::max<size_t>(*largest_block, totals.largest_free_block);
 }
 
-void* TorchBackend::getBaseAllocation(void* ptr, size_t* size) {
-  const graphalloc::DevicePtr address = Address(ptr);
-  for (int device = 0; device < graphalloc::kMaxDevices; ++device) {
-    graphalloc::CachingAllocator* allocator = Existing(static_cast<c10::DeviceIndex>(device));
-    if (allocator == nullptr) continue;
-    for (const graphalloc::SegmentSnapshot& s :
-         allocator->TakeSnapshot("getBaseAllocation", /*record_event=*/false).segments) {
-      if (address < s.address || address >= s.address + s.total_size) continue;
-      TORCH_CHECK(!s.expandable, "graphalloc: getBaseAllocation: ", ptr,
-                  " is in an expandable segment, which has no base allocation to share with another process; "
-                  "allocate it with GRAPHALLOC_CONF=expandable_segments:False");
-      if (size != nullptr) *size = s.total_size;
-      return reinterpret_cast<void*>(s.address);
-    }
-  }
-  TORCH_CHECK(false, "graphalloc: getBaseAllocation: ", ptr, " was not allocated by graphalloc");
-}
+void* TorchBackend::getBaseAllocation(void* ptr, size_t* size) { return ipc_.BaseAllocation(ptr, size); }
 
 // ---- Pools. ----
 
@@ -363,13 +343,9 @@ cca::CheckpointDelta TorchBackend::setCheckpointPoolState(c10::DeviceIndex devic
 
 // ---- Sharing, history, peers. ----
 
-cca::ShareableHandle TorchBackend::shareIpcHandle(void* ptr) {
-  TORCH_CHECK(false, "graphalloc: shareIpcHandle(", ptr, "): ", kNoIpc);
-}
+cca::ShareableHandle TorchBackend::shareIpcHandle(void* ptr) { return ipc_.Share(ptr); }
 
-std::shared_ptr<void> TorchBackend::getIpcDevPtr(std::string /*handle*/) {
-  TORCH_CHECK(false, "graphalloc: getIpcDevPtr: ", kNoIpc);
-}
+std::shared_ptr<void> TorchBackend::getIpcDevPtr(std::string handle) { return ipc_.Open(handle); }
 
 cca::SnapshotInfo TorchBackend::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
   std::vector<DeviceSnapshotInput> devices;

@@ -7,8 +7,8 @@
 // private pools (torch_pools.h), whose checkpoint and restore serve torch.compile's CUDA graph trees, with
 // expandable segments too; _record_memory_history() and _snapshot() record and report in PyTorch's own
 // structures (torch_history.h, torch_snapshot.h), so memory_viz works unchanged; an allocation that does
-// not fit raises torch.cuda.OutOfMemoryError with graphalloc's figures. Sharing memory across processes
-// (shareIpcHandle) raises an error saying what to do instead.
+// not fit raises torch.cuda.OutOfMemoryError with graphalloc's figures; torch.multiprocessing shares CUDA
+// tensors, expandable segments included (torch_ipc.h).
 //
 // One instance per process, installed by InstallTorchBackend() before CUDA is initialised and never
 // destroyed (tensors may be freed during interpreter exit).
@@ -30,6 +30,7 @@
 #include "graphalloc/allocator/caching_allocator.h"
 #include "graphalloc/allocator/default_allocator.h"
 #include "python/csrc/torch_history.h"
+#include "python/csrc/torch_ipc.h"
 #include "python/csrc/torch_pools.h"
 
 namespace graphalloc_torch {
@@ -147,6 +148,7 @@ class TorchBackend final : public cca::CUDAAllocator {
   std::mutex history_mu_;
   graphalloc::HistoryOptions history_options_;
   TorchPoolTable pools_;
+  TorchIpc ipc_;
   TorchHistory history_;
 };
 

@@ -17,7 +17,9 @@ Two ways in, chosen by install(backend=...) or $GRAPHALLOC_TORCH_BACKEND (auto |
     checkpoint and restore torch.compile(mode="reduce-overhead") uses (expandable segments included),
     _record_memory_history() / _snapshot() / _dump_snapshot() in PyTorch's own format (memory_viz), OOM
     observers, and torch.cuda.OutOfMemoryError with graphalloc's figures. The library must be built against
-    this very PyTorch version (python/CMakeLists.txt); CUDA IPC of tensors raises an error saying what to do.
+    this very PyTorch version (python/CMakeLists.txt). torch.multiprocessing shares CUDA tensors, from
+    expandable segments too, when their handles are shareable (GRAPHALLOC_CONF shareable_handles:True;
+    docs/sharing.md).
   * "pluggable" (the fallback "auto" takes, with the reason in hooks()["backend"], when the backend cannot
     be used: no library, or one built for another PyTorch): torch.cuda.memory.CUDAPluggableAllocator over
     graphalloc's C ABI. Allocation, frees, record_stream, empty_cache and memory fractions reach graphalloc;
@@ -25,7 +27,8 @@ Two ways in, chosen by install(backend=...) or $GRAPHALLOC_TORCH_BACKEND (auto |
     capture works through the shim's pool hooks when libgraphalloc_torch.so matches this PyTorch, and is
     refused with GraphCaptureUnsupported otherwise; torch.compile's CUDA graph trees, MemPool and PyTorch's
     snapshots do not work (PyTorch's pluggable allocator does not forward them): use snapshot() and
-    record_history() here instead.
+    record_history() here instead. Nor does CUDA IPC (sharing a CUDA tensor with torch.multiprocessing):
+    it raises an error that says so.
 
 Either way install() must run before CUDA is initialised: PyTorch cannot swap an allocator that has handed
 out memory. backend() says which one is installed, hooks() how each PyTorch hook is served.
@@ -551,7 +554,29 @@ def _install_pluggable(torch, shim, shim_reason: str, patch_torch: bool, hooks: 
                            "installed before CUDA is initialised") from e
     if patch_torch:
         _patch_torch(torch)
+    _refuse_ipc(torch)
     return allocator
+
+
+_PLUGGABLE_NO_IPC = ("graphalloc (pluggable path): this process cannot share CUDA tensors with other processes, "
+                     "because PyTorch's CUDAPluggableAllocator has no way to export memory. Use graphalloc's C++ "
+                     "backend (graphalloc.torch.install(backend='allocator'), with a libgraphalloc_torch.so built "
+                     "for this PyTorch: python/CMakeLists.txt) and GRAPHALLOC_CONF=shareable_handles:True, or "
+                     "send tensor.cpu() instead")
+
+
+def _refuse_ipc(torch) -> None:
+    """The pluggable path: sharing a CUDA storage raises graphalloc's explanation instead of PyTorch's
+    "CUDAPluggableAllocator does not yet support shareIPcHandle"."""
+    original = getattr(torch.UntypedStorage, "_share_cuda_", None)
+    if original is None or getattr(original, "_graphalloc_refuses", False):
+        return
+
+    def _share_cuda_(self, *args, **kwargs):
+        raise RuntimeError(_PLUGGABLE_NO_IPC)
+
+    _share_cuda_._graphalloc_refuses = True
+    torch.UntypedStorage._share_cuda_ = _share_cuda_
 
 
 def backend() -> Optional[str]:
