@@ -122,14 +122,15 @@ class MappingObserverTest : public ::testing::Test {
   }
 
   // The observer's account equals the device's: every mapping and plain allocation the device holds, and
-  // one map call per driver map (or allocation) that succeeded, one unmap per driver unmap (or free).
+  // one map call per driver map (or allocation) that succeeded, one unmap per driver unmap (or free) tried,
+  // and a map again for each unmap the device refused.
   void ExpectConsistent() {
     EXPECT_OK(allocator_->CheckInvariants());
     const SimCounters c = sim_->Counters();
     EXPECT_EQ(observer_->live().size(), c.mappings + c.allocations);
     EXPECT_EQ(observer_->live_bytes(), c.mapped_bytes + c.allocated_bytes);
-    EXPECT_EQ(observer_->maps(),
-              sim_->CallCount(SimCall::kMemMap) + sim_->CallCount(SimCall::kMemAlloc) - refused_maps_);
+    EXPECT_EQ(observer_->maps(), sim_->CallCount(SimCall::kMemMap) + sim_->CallCount(SimCall::kMemAlloc) -
+                                     refused_maps_ + refused_unmaps_);
     EXPECT_EQ(observer_->unmaps(), sim_->CallCount(SimCall::kMemUnmap) + sim_->CallCount(SimCall::kMemFree));
     EXPECT_EQ(observer_->maps() - observer_->unmaps(), observer_->live().size());
     EXPECT_TRUE(observer_->violations().empty()) << observer_->violations().front();
@@ -163,6 +164,8 @@ class MappingObserverTest : public ::testing::Test {
   std::unique_ptr<CachingAllocator> allocator_;
   std::shared_ptr<RecordingObserver> observer_;
   std::uint64_t refused_maps_ = 0;  // driver maps (or allocations) the device refused, which map nothing
+  // Driver unmaps the device refused: each was reported, and then reported mapped again.
+  std::uint64_t refused_unmaps_ = 0;
   std::vector<PrivatePool> pools_;
 };
 
@@ -245,6 +248,21 @@ TEST_F(MappingObserverTest, ReleaseBeforeOutOfMemoryReportsTheUnmapsItMakes) {
   EXPECT_EQ(observer_->unmaps(), 2u);
   EXPECT_EQ(observer_->live().size(), 1u);
   Free(*c);
+}
+
+TEST_F(MappingObserverTest, AnUnmapTheDeviceRefusesIsReportedMappedAgain) {
+  const DevicePtr a = Alloc(2 * kMiB);
+  Free(a);
+  sim_->InjectFault(SimCall::kMemUnmap, 1, DriverResult::kInvalidValue);
+  EXPECT_FALSE(allocator_->EmptyCache().ok());
+  refused_unmaps_ = 1;
+  ExpectConsistent();
+  EXPECT_EQ(observer_->unmaps(), 1u);
+  EXPECT_EQ(observer_->maps(), 2u);
+  EXPECT_EQ(observer_->live().count(a), 1u);  // still mapped, and told so
+  EXPECT_EQ(Reserved(), 2 * kMiB);
+  EmptyCache();  // the device unmaps it now
+  EXPECT_EQ(observer_->live().size(), 0u);
 }
 
 TEST_F(MappingObserverTest, SleepAndWakeReportEveryChunk) {
