@@ -223,10 +223,28 @@ TEST_F(CApiPoolsTest, NoSplitAndUseOnOomOptionsReachThePool) {
   EXPECT_EQ(graphalloc_free(a, 0), GRAPHALLOC_OK);
   EXPECT_EQ(graphalloc_free(b, 0), GRAPHALLOC_OK);
   EXPECT_EQ(graphalloc_pool_release(0, pool), GRAPHALLOC_OK);
-  options = {.use_on_oom = 1, .no_split = 0};
+  options = {.use_on_oom = 1, .no_split = 0, .handle_aligned = 0};
   const uint64_t lender = NewPool(options);
   EXPECT_EQ(PoolStats(lender).use_count, 1);
   EXPECT_EQ(graphalloc_pool_release(0, lender), GRAPHALLOC_OK);
+}
+
+TEST_F(CApiPoolsTest, HandleAlignedOptionReachesThePool) {
+  graphalloc_pool_options options{};
+  options.handle_aligned = 1;
+  const uint64_t pool = NewPool(options);
+  uint64_t route = 0;
+  ASSERT_EQ(graphalloc_begin_allocate_to_pool_for_thread(0, pool, &route), GRAPHALLOC_OK);
+  // Each 3 MiB block maps a 4 MiB handle of its own; without the option the second would begin in the
+  // first one's free 1 MiB and 6 MiB would be reserved.
+  void* a = Malloc(3 * kBytes, nullptr);
+  void* b = Malloc(3 * kBytes, nullptr);
+  ASSERT_EQ(graphalloc_end_route(route), GRAPHALLOC_OK);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b), reinterpret_cast<std::uintptr_t>(a) + 4 * kBytes);
+  EXPECT_EQ(PoolStats(pool).reserved_bytes, 8 * kBytes);
+  EXPECT_EQ(graphalloc_free(a, 0), GRAPHALLOC_OK);
+  EXPECT_EQ(graphalloc_free(b, 0), GRAPHALLOC_OK);
+  EXPECT_EQ(graphalloc_pool_release(0, pool), GRAPHALLOC_OK);
 }
 
 TEST_F(CApiPoolsTest, BadArgumentsGetCodesNotCrashes) {

@@ -373,7 +373,7 @@ ModelPool* PickPool(Input& in) {
 
 void PoolCreate(Input& in) {
   const int device = PickDevice(in);
-  graphalloc_pool_options options{in.Byte() % 2, in.Byte() % 2};
+  graphalloc_pool_options options{in.Byte() % 2, in.Byte() % 2, in.Byte() % 2};
   std::uint64_t pool = 7;
   const int code = graphalloc_pool_create(device, in.Byte() % 4 == 0 ? nullptr : &options, &pool);
   CheckCode(code, "graphalloc_pool_create");
