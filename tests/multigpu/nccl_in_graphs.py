@@ -39,6 +39,9 @@ def setup_allocator(args) -> None:
 
 
 def worker(rank: int, world: int, args, port: int) -> None:
+    if args.hang_timeout > 0:  # a rank stuck in a collective prints where, instead of hanging silently
+        import faulthandler
+        faulthandler.dump_traceback_later(args.hang_timeout, exit=True)
     setup_allocator(args)
     import torch
     import torch.distributed as dist
@@ -76,6 +79,9 @@ def worker(rank: int, world: int, args, port: int) -> None:
                 result["failures"].append(f"{kind} replay {step}: {name} differs from eager at "
                                           f"{bad.numel()} elements, first {bad[:1].tolist()}")
 
+    def progress(what: str) -> None:
+        print(f"rank {rank}: {what}", flush=True)
+
     try:
         # Warm up NCCL and the allocator on a side stream, as torch.cuda.graph's docs ask.
         static_x = inputs(0)
@@ -87,15 +93,18 @@ def worker(rank: int, world: int, args, port: int) -> None:
         torch.cuda.current_stream().wait_stream(s)
         torch.cuda.synchronize()
 
+        progress("warm")
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             static_out = eager(static_x)
+        progress("captured")
         for step in range(1, args.replays + 1):
             static_x.copy_(inputs(step))
             graph.replay()
             want = eager(inputs(step))
             check("torch.cuda.graph", step, static_out, want)
         result["cuda_graph_replays"] = args.replays
+        progress(f"{args.replays} torch.cuda.graph replays checked")
         del graph, static_out
 
         def compiled_step(x):
@@ -105,6 +114,8 @@ def worker(rank: int, world: int, args, port: int) -> None:
 
         compiled = torch.compile(compiled_step, mode="reduce-overhead")
         for step in range(1, args.replays + 1):
+            if step == 4:
+                progress("compiled and recorded")
             x = inputs(step)
             got = compiled(x)
             got = tuple(t.clone() for t in got)  # the next replay overwrites cudagraph outputs
@@ -136,6 +147,8 @@ def main() -> int:
     p.add_argument("--config", default="expandable_segments:True")
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--world", type=int, default=0)
+    p.add_argument("--hang-timeout", type=float, default=0,
+                   help="seconds after which a rank prints its Python stack and exits (0: never)")
     args = p.parse_args()
     try:
         import torch
