@@ -65,7 +65,8 @@ absl::Status ImportedBlock::Close() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ImportedBlock> ImportBlock(Driver& driver, const ExportToken& token, absl::Duration timeout) {
+absl::StatusOr<ImportedBlock> ImportBlock(Driver& driver, const ExportToken& token, absl::Duration timeout,
+                                          std::span<const int> peers) {
   ImportedBlock block;
   block.token_ = token;
   absl::StatusOr<FdChannel> channel =
@@ -165,7 +166,7 @@ absl::StatusOr<ImportedBlock> ImportBlock(Driver& driver, const ExportToken& tok
     if (error.ok()) block.mapped_size_ += entries[i].size;
   }
   CloseAll(chunk_fds);  // the imported handles hold the memory now
-  if (error.ok()) error = driver.MemSetAccess(block.reservation_, span, {});
+  if (error.ok()) error = driver.MemSetAccess(block.reservation_, span, peers);
   if (!error.ok()) {
     // Close() unmaps what was mapped (the chunks were mapped in order, from the reservation's start).
     return Failed(token, error);

@@ -5,6 +5,7 @@
 #define GRAPHALLOC_ALLOCATOR_IPC_BLOCK_IMPORTER_H_
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,7 +40,7 @@ class ImportedBlock {
 
  private:
   friend absl::StatusOr<ImportedBlock> ImportBlock(Driver& driver, const ExportToken& token,
-                                                   absl::Duration timeout);
+                                                   absl::Duration timeout, std::span<const int> peers);
 
   Driver* driver_ = nullptr;
   ExportToken token_;
@@ -57,8 +58,11 @@ class ImportedBlock {
 
 // Imports the block `token` names. The errors name the block, the exporting pid and the reason: the
 // exporter is gone, the block is not exported (any more), the exporter refused, or a driver call failed.
+// An expandable segment's block is accessible to `driver`'s device and to `peers` (devices that will read
+// or copy it directly, e.g. a copy to another GPU); a regular segment's, to the devices CUDA IPC allows.
 absl::StatusOr<ImportedBlock> ImportBlock(Driver& driver, const ExportToken& token,
-                                          absl::Duration timeout = absl::Seconds(30));
+                                          absl::Duration timeout = absl::Seconds(30),
+                                          std::span<const int> peers = {});
 
 }  // namespace graphalloc::ipc
 

@@ -3,10 +3,12 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <iostream>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/ipc/block_importer.h"
@@ -91,8 +93,16 @@ std::shared_ptr<void> TorchIpc::Open(const std::string& handle) {
     if (std::shared_ptr<void> live = it->second.lock()) return live;
   }
   const c10::DeviceIndex device = c10::cuda::current_device();
+  // Every device that can reach this one may copy from the block (a consumer on another GPU copies a
+  // tensor it received to its own): grant them access too, as graphalloc's own segments do once PyTorch
+  // enables peer access.
+  std::vector<int> peers;
+  for (int d = 0; d < static_cast<int>(c10::cuda::device_count()); ++d) {
+    int can = 0;
+    if (d != device && cudaDeviceCanAccessPeer(&can, d, device) == cudaSuccess && can != 0) peers.push_back(d);
+  }
   absl::StatusOr<graphalloc::ipc::ImportedBlock> imported =
-      graphalloc::ipc::ImportBlock(allocator_of_(device).driver(), *token);
+      graphalloc::ipc::ImportBlock(allocator_of_(device).driver(), *token, absl::Seconds(30), peers);
   TORCH_CHECK(imported.ok(), "graphalloc: getIpcDevPtr: ", imported.status().ToString());
   auto block = std::make_shared<graphalloc::ipc::ImportedBlock>(*std::move(imported));
   void* ptr = reinterpret_cast<void*>(block->ptr());

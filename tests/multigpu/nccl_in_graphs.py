@@ -137,8 +137,11 @@ def worker(rank: int, world: int, args, port: int) -> None:
         traceback.print_exc()
     result["ok"] = not result["failures"]
     print("RESULT " + json.dumps(result), flush=True)
-    dist.destroy_process_group()
-    sys.exit(0 if result["ok"] else 1)
+    # Not dist.destroy_process_group(): with CUDA graphs that captured NCCL collectives still alive (the
+    # compiled step's), it waits forever, with either allocator (seen on two H200s, PyTorch 2.11, NCCL
+    # 2.28.9). The process ends, and NCCL's resources with it.
+    sys.stdout.flush()
+    os._exit(0 if result["ok"] else 1)
 
 
 def main() -> int:
