@@ -93,7 +93,8 @@ int graphalloc_nccl_unregister(uint64_t registration) {
       absl::MutexLock lock(&all.mu);
       auto it = all.by_handle.find(registration);
       if (it == all.by_handle.end()) {
-        return absl::NotFoundError(absl::StrCat("graphalloc_nccl_unregister: no NCCL registration ", registration));
+        return absl::NotFoundError(
+            absl::StrCat("graphalloc_nccl_unregister: no NCCL registration ", registration));
       }
       r = std::move(it->second);
       all.by_handle.erase(it);

@@ -8,7 +8,7 @@
 namespace graphalloc {
 
 absl::StatusOr<std::shared_ptr<NcclRegistration>> NcclRegistration::Make(void* comm,
-                                                                        std::optional<PoolId> pool) {
+                                                                         std::optional<PoolId> pool) {
   if (comm == nullptr) return absl::InvalidArgumentError("NcclRegistration: the communicator is null");
   absl::StatusOr<const NcclLibrary*> nccl = NcclLibrary::Load();
   if (!nccl.ok()) return nccl.status();

@@ -49,8 +49,10 @@ TorchBackend& TorchBackend::Get() {
 }
 
 TorchBackend::TorchBackend()
-    : pools_([this](c10::DeviceIndex device) -> graphalloc::CachingAllocator& { return AllocatorOf(device); }),
-      ipc_([this](c10::DeviceIndex device) -> graphalloc::CachingAllocator& { return AllocatorOf(device); }) {}
+    : pools_(
+          [this](c10::DeviceIndex device) -> graphalloc::CachingAllocator& { return AllocatorOf(device); }),
+      ipc_([this](c10::DeviceIndex device) -> graphalloc::CachingAllocator& { return AllocatorOf(device); }) {
+}
 
 graphalloc::CachingAllocator* TorchBackend::Existing(c10::DeviceIndex device) {
   return graphalloc::ExistingDefaultAllocator(device);

@@ -52,13 +52,12 @@ GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_route_of(int device, unsi
 // Ends the pool's route if it is open; with release != 0 also drops the reference its begin took.
 // graphalloc.torch.register_nccl: the PyTorch pool (first, second) of `device` becomes a communication pool
 // with handle-aligned placement (TorchPoolTable::SetCommunication). 0, or -1 with the message in `error`.
-GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_pool_for_communication(int device, unsigned long long first,
-                                                                              unsigned long long second,
-                                                                              char* error, size_t error_size) {
+GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_pool_for_communication(
+    int device, unsigned long long first, unsigned long long second, char* error, size_t error_size) {
   try {
     graphalloc_torch::TorchBackend::Get().pools().SetCommunication(graphalloc_torch::TorchPoolKey{
-        static_cast<c10::DeviceIndex>(device), {static_cast<c10::CaptureId_t>(first),
-                                                static_cast<c10::CaptureId_t>(second)}});
+        static_cast<c10::DeviceIndex>(device),
+        {static_cast<c10::CaptureId_t>(first), static_cast<c10::CaptureId_t>(second)}});
     return 0;
   } catch (const std::exception& e) {
     if (error != nullptr && error_size > 0) std::snprintf(error, error_size, "%s", e.what());

@@ -33,7 +33,8 @@ int TorchIpc::DeviceOf(DevicePtr ptr, DevicePtr* block, size_t* size) {
       if (ptr < s.address || ptr >= s.address + s.total_size) continue;
       for (const graphalloc::BlockSnapshot& b : s.blocks) {
         if (ptr < b.address || ptr >= b.address + b.size) continue;
-        TORCH_CHECK(b.state == graphalloc::BlockState::kAllocated, "graphalloc: ", reinterpret_cast<void*>(ptr),
+        TORCH_CHECK(b.state == graphalloc::BlockState::kAllocated,
+                    "graphalloc: ", reinterpret_cast<void*>(ptr),
                     " lies in a block that is not allocated: nothing to share");
         *block = b.address;
         *size = b.size;
@@ -86,8 +87,10 @@ void TorchIpc::OwnerFreed(void* ptr) {
 
 std::shared_ptr<void> TorchIpc::Open(const std::string& handle) {
   absl::StatusOr<graphalloc::ipc::ExportToken> token = graphalloc::ipc::ExportToken::Parse(handle);
-  TORCH_CHECK(token.ok(), "graphalloc: getIpcDevPtr: not a graphalloc handle (was the producer's allocator "
-              "graphalloc?): ", token.status().ToString());
+  TORCH_CHECK(token.ok(),
+              "graphalloc: getIpcDevPtr: not a graphalloc handle (was the producer's allocator "
+              "graphalloc?): ",
+              token.status().ToString());
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = opened_.find(handle); it != opened_.end()) {
     if (std::shared_ptr<void> live = it->second.lock()) return live;
@@ -99,7 +102,8 @@ std::shared_ptr<void> TorchIpc::Open(const std::string& handle) {
   std::vector<int> peers;
   for (int d = 0; d < static_cast<int>(c10::cuda::device_count()); ++d) {
     int can = 0;
-    if (d != device && cudaDeviceCanAccessPeer(&can, d, device) == cudaSuccess && can != 0) peers.push_back(d);
+    if (d != device && cudaDeviceCanAccessPeer(&can, d, device) == cudaSuccess && can != 0)
+      peers.push_back(d);
   }
   absl::StatusOr<graphalloc::ipc::ImportedBlock> imported =
       graphalloc::ipc::ImportBlock(allocator_of_(device).driver(), *token, absl::Seconds(30), peers);

@@ -54,7 +54,7 @@ class TorchIpc {
   std::mutex mu_;
   std::array<std::unique_ptr<graphalloc::ipc::BlockExporter>, graphalloc::kMaxDevices> exporters_;
   std::unordered_map<std::string, std::weak_ptr<void>> opened_;  // by token
-  std::unordered_map<graphalloc::DevicePtr, int> exported_;     // block -> device, until the owner frees it
+  std::unordered_map<graphalloc::DevicePtr, int> exported_;      // block -> device, until the owner frees it
   std::atomic<bool> exported_any_{false};
 };
 
