@@ -31,19 +31,32 @@
 //   pinned_copy_h2d/<device>/<GiB>      copies them: one cuMemHostAlloc of them all (untimed), one
 //                                       cuMemcpyAsync per 1 GiB block on the legacy default stream, one
 //                                       cuStreamSynchronize; device side the same handles as bare_*
+//   wake/<device>/<GiB>/backup_settled  as wake/.../backup, with a pause (SettleTime) after the untimed
+//                                       sleep: the wake of a pool whose memory another job used meanwhile.
+//                                       Right after a cuMemRelease the driver still has work of its own
+//                                       that slows host-to-device copies (docs/benchmarks.md), which the
+//                                       wake right after its sleep pays and pinned_copy_h2d does not
+//   bare_wake_backup/<device>/<GiB>     the driver calls of a backed-up wake in the same position: right
+//                                       after the handles' unmap and release (untimed), create, map and
+//                                       grant access as bare_create_map, then copy as pinned_copy_h2d
 //
 // Sizes are 1, 10 and 40 GiB; a size the device (or, for backups and copies, the host) has no room for
 // now is skipped with an error that says so. The simulated device runs backups and copies at 1 GiB only:
 // it copies with memmove in host memory, committing the pages it touches, so N GiB needs 2N GiB of the
 // host's memory and about a second per GiB. Iterations are fixed (10, or 3 at 40 GiB, without copies; 5,
-// 3 and 2 with them), chosen so that a GPU run should take under 3 minutes, most of it the 40 GiB backups
-// (an estimate until a GPU run times it); add --benchmark_repetitions=N for medians, N times as long.
+// 3 and 2 with them). On an H200 the discard and bare rows take about 30 s with 10 repetitions; each
+// repetition of the backups takes about 6 s at 1 GiB, 40 s at 10 GiB and two minutes at 40 GiB, most of it
+// pinning host memory. For medians add --benchmark_repetitions=N and
+// --benchmark_enable_random_interleaving=true: the driver's own calls drift by 2x over tens of seconds, and
+// interleaving puts a benchmark and its baseline on the same side of a drift.
 //
 // How to read it (bench/sleep_wake_bench_table.py prints these ratios, with medians over repetitions):
 //   sleep/.../discard time / bare_unmap_release time       target <= 1.1
 //   wake/.../discard time  / bare_create_map time          target <= 1.1
 //   sleep/.../backup bytes_per_second / pinned_copy_d2h bytes_per_second   target >= 0.9
-//   wake/.../backup bytes_per_second  / pinned_copy_h2d bytes_per_second   target >= 0.9
+//   wake/.../backup_settled bytes_per_second / pinned_copy_h2d bytes_per_second   target >= 0.9
+//   wake/.../backup bytes_per_second / pinned_copy_h2d bytes_per_second  (right after the sleep), and
+//   wake/.../backup bytes_per_second / bare_wake_backup bytes_per_second (the same, both after a release)
 // Neither the copies' pinning nor the backups' is in their bandwidth: a pool's first backed-up sleep pins
 // its buffer, and later ones reuse it; host_alloc_once_us and host_free_once_us of the pinned_copy
 // benchmarks say what pinning costs.
@@ -60,12 +73,14 @@
 #include <benchmark/benchmark.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -298,8 +313,19 @@ void Report(benchmark::State& state, const TimedDriver& timed, std::size_t bytes
   bench::ReportSplit(state, timed, clock.wall_ns, clock.cpu_ns);
 }
 
+// How long a settled wake waits after its (untimed) sleep: long enough for the driver to finish what the
+// sleep's cuMemRelease left it to do in the background. Right after a release of N GiB, a host-to-device
+// copy on an H200 runs ~2.4 ms per GiB slower, whichever memory it lands in, and at full speed again 300 ms
+// later (docs/benchmarks.md); this waits 4x that estimate plus 100 ms.
+constexpr std::chrono::milliseconds kNoSettle{0};
+std::chrono::milliseconds SettleTime(std::size_t bytes) {
+  return std::chrono::milliseconds(100 + 10 * static_cast<std::int64_t>(bytes / kGiB));
+}
+
+// `settle`: a pause between the sleep and the timed wake, standing for the work of whoever used the memory
+// meanwhile; zero times the wake right after the sleep.
 void BM_SleepWake(benchmark::State& state, const Device* device, std::size_t bytes, SleepMode mode,
-                  Timed which) {
+                  Timed which, std::chrono::milliseconds settle) {
   const bool backup = mode == SleepMode::kBackup;
   if (std::string why = NoRoom(*device, bytes, backup); !why.empty()) {
     state.SkipWithError(why.c_str());
@@ -344,6 +370,7 @@ void BM_SleepWake(benchmark::State& state, const Device* device, std::size_t byt
       error = absl::StrFormat("Sleep backed up %d bytes of %d", slept->bytes_backed_up, expected_copy);
     }
     if (!error.empty()) break;
+    if (settle.count() > 0) std::this_thread::sleep_for(settle);
     timed.SetPhase(which == Timed::kMap ? Phase::kTimed : Phase::kTeardown);
     absl::StatusOr<WakeResult> woke = Clocked(wake_clock, [&] { return allocator.Wake(wake); });
     timed.SetPhase(Phase::kNone);
@@ -417,6 +444,53 @@ void BM_Bare(benchmark::State& state, Device* device, std::size_t bytes, Timed w
   Report(state, timed, chunks->bytes(), timed_clock);
 }
 
+// What a backed-up wake is made of, through the Driver interface alone, right after the release of the same
+// handles (as a wake comes right after its sleep): per iteration, timed, create and map the handles and copy
+// every block from pinned host memory (as bare_create_map, then as pinned_copy_h2d); untimed, unmap and
+// release them again.
+void BM_BareWakeBackup(benchmark::State& state, Device* device, std::size_t bytes) {
+  TimedDriver& timed = *device->timed;
+  PhaseReset phase_reset{&timed};
+  std::unique_ptr<BareChunks> chunks = SetUpBare(state, *device, bytes, /*copies=*/true);
+  if (chunks == nullptr) return;
+  absl::StatusOr<void*> host = timed.HostAlloc(bytes);
+  if (!host.ok()) {
+    state.SkipWithError(("pinned host memory: " + host.status().ToString()).c_str());
+    return;
+  }
+  const auto host_ptr = reinterpret_cast<DevicePtr>(*host);
+  // The first timed iteration follows a release too.
+  absl::Status error = chunks->CreateAndMap();
+  if (error.ok()) error = chunks->UnmapAndRelease();
+  Clock timed_clock;
+  for (auto _ : state) {
+    if (!error.ok()) break;
+    const std::int64_t before = timed_clock.wall_ns;
+    timed.SetPhase(Phase::kTimed);
+    error = Clocked(timed_clock, [&] {
+      absl::Status s = chunks->CreateAndMap();
+      for (std::size_t offset = 0; s.ok() && offset < bytes; offset += kBlockSize) {
+        s = timed.CopyAsync(chunks->base() + offset, host_ptr + offset, kBlockSize, kDefaultStream);
+      }
+      absl::Status synced = timed.StreamSynchronize(kDefaultStream);
+      return s.ok() ? synced : s;
+    });
+    timed.SetPhase(Phase::kTeardown);
+    if (error.ok()) error = chunks->UnmapAndRelease();
+    timed.SetPhase(Phase::kNone);
+    if (!error.ok()) break;
+    state.SetIterationTime(static_cast<double>(timed_clock.wall_ns - before) / 1e9);
+  }
+  timed.SetPhase(Phase::kNone);
+  absl::Status freed = timed.HostFree(*host);
+  if (error.ok()) error = freed;
+  if (!error.ok()) {
+    state.SkipWithError(error.ToString().c_str());
+    return;
+  }
+  Report(state, timed, bytes, timed_clock);
+}
+
 void BM_PinnedCopy(benchmark::State& state, Device* device, std::size_t bytes, bool to_host) {
   TimedDriver& timed = *device->timed;
   PhaseReset phase_reset{&timed};
@@ -478,15 +552,22 @@ void Register(Device* device) {
     const std::string at = "/" + device->bench->kind + "/" + std::to_string(gib);
     const int bare = Iterations(gib, /*copies=*/false);
     add("bare_unmap_release" + at, bare, BM_Bare, device, bytes, Timed::kRelease);
-    add("sleep" + at + "/discard", bare, BM_SleepWake, device, bytes, SleepMode::kDiscard, Timed::kRelease);
+    add("sleep" + at + "/discard", bare, BM_SleepWake, device, bytes, SleepMode::kDiscard, Timed::kRelease,
+        kNoSettle);
     add("bare_create_map" + at, bare, BM_Bare, device, bytes, Timed::kMap);
-    add("wake" + at + "/discard", bare, BM_SleepWake, device, bytes, SleepMode::kDiscard, Timed::kMap);
+    add("wake" + at + "/discard", bare, BM_SleepWake, device, bytes, SleepMode::kDiscard, Timed::kMap,
+        kNoSettle);
     if (device->sim() && gib > kSimCopyMaxGiB) continue;
     const int copies = Iterations(gib, /*copies=*/true);
     add("pinned_copy_d2h" + at, copies, BM_PinnedCopy, device, bytes, /*to_host=*/true);
-    add("sleep" + at + "/backup", copies, BM_SleepWake, device, bytes, SleepMode::kBackup, Timed::kRelease);
+    add("sleep" + at + "/backup", copies, BM_SleepWake, device, bytes, SleepMode::kBackup, Timed::kRelease,
+        kNoSettle);
     add("pinned_copy_h2d" + at, copies, BM_PinnedCopy, device, bytes, /*to_host=*/false);
-    add("wake" + at + "/backup", copies, BM_SleepWake, device, bytes, SleepMode::kBackup, Timed::kMap);
+    add("wake" + at + "/backup", copies, BM_SleepWake, device, bytes, SleepMode::kBackup, Timed::kMap,
+        kNoSettle);
+    add("bare_wake_backup" + at, copies, BM_BareWakeBackup, device, bytes);
+    add("wake" + at + "/backup_settled", copies, BM_SleepWake, device, bytes, SleepMode::kBackup, Timed::kMap,
+        SettleTime(bytes));
   }
 }
 

@@ -8,7 +8,9 @@ One row per device, size and comparison (DEVICE: "cuda", "sim" or "all", the def
   sleep, discard   sleep/<device>/<GiB>/discard time over bare_unmap_release time     target <= 1.10
   wake, discard    wake/<device>/<GiB>/discard time over bare_create_map time          target <= 1.10
   sleep, backup    sleep/.../backup bytes/s over pinned_copy_d2h bytes/s               target >= 0.90
-  wake, backup     wake/.../backup bytes/s over pinned_copy_h2d bytes/s                target >= 0.90
+  wake, backup, settled   wake/.../backup_settled bytes/s over pinned_copy_h2d bytes/s   target >= 0.90
+  wake, backup     wake/.../backup bytes/s (right after its sleep) over pinned_copy_h2d bytes/s, and over
+                   bare_wake_backup bytes/s (the bare calls, also right after a release); no target
 and, for the backups, the same against a copy that also pins (d2h + cuMemHostAlloc) or unpins (h2d +
 cuMemFreeHost) its host buffer once, as every backed-up sleep and wake does; no target. Each figure is the
 median over the runs found (repetitions, several files); "n" says how many. The discard rows also give the
@@ -24,8 +26,8 @@ from collections import defaultdict
 
 TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 NAME = re.compile(
-    r"^(sleep|wake|bare_unmap_release|bare_create_map|pinned_copy_d2h|pinned_copy_h2d)/([^/]+)/(\d+)"
-    r"(?:/(discard|backup))?(?:/iterations:\d+)?(?:/manual_time)?$")
+    r"^(sleep|wake|bare_unmap_release|bare_create_map|bare_wake_backup|pinned_copy_d2h|pinned_copy_h2d)"
+    r"/([^/]+)/(\d+)(?:/(discard|backup_settled|backup))?(?:/iterations:\d+)?(?:/manual_time)?$")
 
 
 def load(paths):
@@ -102,7 +104,12 @@ def main(argv):
             ("sleep, discard (ms)", ("sleep", "discard"), ("bare_unmap_release", ""), "time", "unmap_n", "<= 1.10"),
             ("wake, discard (ms)", ("wake", "discard"), ("bare_create_map", ""), "time", "create_n", "<= 1.10"),
             ("sleep, backup (GB/s)", ("sleep", "backup"), ("pinned_copy_d2h", ""), "rate", None, ">= 0.90"),
-            ("wake, backup (GB/s)", ("wake", "backup"), ("pinned_copy_h2d", ""), "rate", None, ">= 0.90"),
+            ("wake, backup, settled (GB/s)", ("wake", "backup_settled"), ("pinned_copy_h2d", ""), "rate", None,
+             ">= 0.90"),
+            ("wake, backup, right after its sleep (GB/s)", ("wake", "backup"), ("pinned_copy_h2d", ""), "rate",
+             None, ""),
+            ("wake, backup, right after its sleep, vs the bare calls (GB/s)", ("wake", "backup"),
+             ("bare_wake_backup", ""), "rate", None, ""),
             ("sleep, backup vs copy + cuMemHostAlloc (GB/s)", ("sleep", "backup"), ("pinned_copy_d2h", ""),
              "rate+host_alloc_once_us", None, ""),
             ("wake, backup vs copy + cuMemFreeHost (GB/s)", ("wake", "backup"), ("pinned_copy_h2d", ""),
