@@ -19,9 +19,10 @@ import os
 import sys
 import traceback
 
-SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+from ranks import SKIP, join_group, run_ranks, world_or_skip  # noqa: E402
 
 # Sizes: small enough that 100 replays are quick, large enough that the buffers span several 2 MiB pages and,
 # in expandable segments, can straddle a physical handle's end (the case NCCL's registration gets wrong).
@@ -47,10 +48,7 @@ def worker(rank: int, world: int, args, port: int) -> None:
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
 
-    torch.cuda.set_device(rank)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    join_group(rank, world, port)
     group = dist.group.WORLD
     result = {"rank": rank, "world": world, "allocator": args.allocator, "config": args.config,
               "nccl_graph_register": os.environ.get("NCCL_GRAPH_REGISTER", "(unset)"),
@@ -153,30 +151,10 @@ def main() -> int:
     p.add_argument("--hang-timeout", type=float, default=0,
                    help="seconds after which a rank prints its Python stack and exits (0: never)")
     args = p.parse_args()
-    try:
-        import torch
-        import torch.multiprocessing as mp
-    except ImportError as e:
-        print(f"SKIP: PyTorch is not installed ({e})")
+    world = world_or_skip(args.world)
+    if world is None:
         return SKIP
-    if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
-        print("SKIP: no CUDA device or no NCCL in this PyTorch")
-        return SKIP
-    world = args.world or min(2, torch.cuda.device_count())
-    if world > torch.cuda.device_count():
-        print(f"SKIP: --world {world} needs {world} GPUs, this machine has {torch.cuda.device_count()}")
-        return SKIP
-    port = 29500 + os.getpid() % 1000
-    ctx = mp.start_processes(worker, args=(world, args, port), nprocs=world, join=False, start_method="spawn")
-    ok = True
-    try:
-        while not ctx.join():
-            pass
-    except Exception as e:  # a rank exited non-zero: its RESULT line says why
-        print(f"FAILED: {e}", flush=True)
-        ok = False
-    return 0 if ok else 1
-
+    return run_ranks(worker, world, args)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,9 +17,10 @@ import os
 import statistics
 import sys
 
-SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+from ranks import SKIP, join_group, run_ranks, world_or_skip  # noqa: E402
 
 
 def worker(rank: int, world: int, args, port: int) -> None:
@@ -28,10 +29,7 @@ def worker(rank: int, world: int, args, port: int) -> None:
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    join_group(rank, world, port)
     group = dist.group.WORLD
     dist.barrier()
 
@@ -117,20 +115,10 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--world", type=int, default=0)
     args = p.parse_args()
-    try:
-        import torch
-        import torch.multiprocessing as mp
-    except ImportError as e:
-        print(f"SKIP: PyTorch is not installed ({e})")
+    world = world_or_skip(args.world)
+    if world is None:
         return SKIP
-    if not torch.cuda.is_available() or not torch.distributed.is_nccl_available():
-        print("SKIP: no CUDA device or no NCCL in this PyTorch")
-        return SKIP
-    world = args.world or min(2, torch.cuda.device_count())
-    port = 29500 + (os.getpid() + 7) % 1000
-    mp.start_processes(worker, args=(world, args, port), nprocs=world, join=True, start_method="spawn")
-    return 0
-
+    return run_ranks(worker, world, args, port_salt=7)
 
 if __name__ == "__main__":
     sys.exit(main())
