@@ -21,8 +21,9 @@ wall=$(((seconds * ${#fuzzers[@]} + jobs - 1) / jobs))
 [ "$wall" -ge "$seconds" ] || wall=$seconds
 
 # Debian's Abseil and GoogleTest are built by gcc against libstdc++, which clang uses too on Debian.
-# CUDA kernels, benchmarks and the CLI are not needed; GRAPHALLOC_BUILD_TESTS only provides tests/fuzz.
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+# CUDA kernels, benchmarks and the CLI are not needed; GRAPHALLOC_BUILD_TESTS only provides tests/fuzz. A
+# unity build, as the other sanitizer stages (scripts/test.sh): building is most of this stage on two cores.
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DGRAPHALLOC_ENABLE_CUDA=OFF -DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_BUILD_TOOLS=OFF \
