@@ -60,23 +60,57 @@ static void Pause() {
   CK(cuCtxSynchronize());
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
 }
+static void Wait(int ms) {
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
 static double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
-static void Report(const char* name, size_t n, const std::vector<double>& v,
-                   const std::vector<double>& extra = {}) {
-  double m = Median(v);
-  std::printf("%-32s %5.1f GiB  copy median %8.3f ms (min %.3f max %.3f)  %6.2f GB/s", name,
-              n / double(1 << 30), m, *std::min_element(v.begin(), v.end()),
-              *std::max_element(v.begin(), v.end()), n / m / 1e6);
-  if (!extra.empty()) std::printf("  other-step median %.3f ms", Median(extra));
-  std::printf("\n");
-  std::fflush(stdout);
+
+// One scenario: what happens before the timed copy of n bytes from pinned host memory.
+struct Scenario {
+  const char* name;
+  bool release_before;  // create, fill and release another n-byte handle first (timed as "other")
+  int wait_after_release_ms;
+  bool fresh;  // copy into a handle created for it (else into the long-mapped one)
+  int wait_before_copy_ms;
+  std::size_t memset_first;  // bytes of the destination set first (timed as "other"), 0 for none
+};
+
+// The copy's time, and in `other` the release's or the memset's.
+static double RunOnce(const Scenario& s, const Buf& warm, void* host, std::size_t n, double& other) {
+  other = 0;
+  if (s.release_before) {
+    Buf r = Create(n);
+    CK(cuMemsetD8(r.p, 1, n));
+    Pause();
+    auto t = Clock::now();
+    Release(r);
+    other = Ms(t, Clock::now());
+  } else {
+    Pause();
+  }
+  Wait(s.wait_after_release_ms);
+  Buf fresh;
+  if (s.fresh) fresh = Create(n);
+  const CUdeviceptr dst = s.fresh ? fresh.p : warm.p;
+  Wait(s.wait_before_copy_ms);
+  if (s.memset_first > 0) {
+    auto t = Clock::now();
+    CK(cuMemsetD8(dst, 0, s.memset_first));
+    CK(cuStreamSynchronize(0));
+    other = Ms(t, Clock::now());
+  }
+  const double ms = CopyMs(dst, host, n);
+  if (s.fresh) Release(fresh);
+  return ms;
 }
+
 int main(int argc, char** argv) {
-  size_t gib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 1;
-  int reps = 5;
+  const std::size_t gib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 1;
+  const std::size_t n = gib << 30;
+  const int reps = 5;
   CK(cuInit(0));
   CUdevice dev;
   CK(cuDeviceGet(&dev, 0));
@@ -91,117 +125,36 @@ int main(int argc, char** argv) {
   prop.location.id = 0;
   acc.location = prop.location;
   acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  size_t n = gib << 30;
   void* host;
   CK(cuMemHostAlloc(&host, n, 0));
   std::memset(host, 7, n);
   Buf warm = Create(n);
   CopyMs(warm.p, host, n);
-  std::vector<double> v, x;
-  for (int i = 0; i < reps; ++i) {
-    Pause();
-    v.push_back(CopyMs(warm.p, host, n));
+  const Scenario scenarios[] = {
+      {"A long-mapped", false, 0, false, 0, 0},
+      {"B fresh (no release before)", false, 0, true, 0, 0},
+      {"B2 fresh, 300 ms before copy", false, 0, true, 300, 0},
+      {"C long-mapped after release", true, 0, false, 0, 0},
+      {"D long-mapped, release, 300 ms", true, 300, false, 0, 0},
+      {"E fresh right after release", true, 0, true, 0, 0},
+      {"F fresh, release, 300 ms", true, 300, true, 0, 0},
+      {"G fresh, memset first", false, 0, true, 0, n},
+      {"I fresh, touch 2 MiB first", false, 0, true, 0, std::size_t{2} << 20},
+  };
+  for (const Scenario& s : scenarios) {
+    std::vector<double> copy, other;
+    for (int i = 0; i < reps; ++i) {
+      double o = 0;
+      copy.push_back(RunOnce(s, warm, host, n, o));
+      other.push_back(o);
+    }
+    const double m = Median(copy);
+    std::printf(
+        "%-32s %5.1f GiB  copy median %8.3f ms (min %.3f max %.3f)  %6.2f GB/s  other-step median %.3f ms\n",
+        s.name, static_cast<double>(gib), m, *std::min_element(copy.begin(), copy.end()),
+        *std::max_element(copy.begin(), copy.end()), static_cast<double>(n) / m / 1e6, Median(other));
+    std::fflush(stdout);
   }
-  Report("A long-mapped", n, v);
-  v.clear();
-  for (int i = 0; i < reps; ++i) {
-    Pause();
-    Buf f = Create(n);
-    v.push_back(CopyMs(f.p, host, n));
-    Release(f);
-  }
-  Report("B fresh (no release before)", n, v);
-  v.clear();
-  for (int i = 0; i < reps; ++i) {
-    Pause();
-    Buf f = Create(n);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    v.push_back(CopyMs(f.p, host, n));
-    Release(f);
-  }
-  Report("B2 fresh, 300 ms before copy", n, v);
-  v.clear();
-  for (int i = 0; i < reps; ++i) {
-    Buf r = Create(n);
-    CK(cuMemsetD8(r.p, 1, n));
-    Pause();
-    auto t = Clock::now();
-    Release(r);
-    x.push_back(Ms(t, Clock::now()));
-    v.push_back(CopyMs(warm.p, host, n));
-  }
-  Report("C long-mapped after release", n, v, x);
-  v.clear();
-  x.clear();
-  for (int i = 0; i < reps; ++i) {
-    Buf r = Create(n);
-    CK(cuMemsetD8(r.p, 1, n));
-    Pause();
-    Release(r);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    v.push_back(CopyMs(warm.p, host, n));
-  }
-  Report("D long-mapped, release, 300 ms", n, v);
-  v.clear();
-  for (int i = 0; i < reps; ++i) {
-    Buf r = Create(n);
-    CK(cuMemsetD8(r.p, 1, n));
-    Pause();
-    Release(r);
-    Buf f = Create(n);
-    v.push_back(CopyMs(f.p, host, n));
-    Release(f);
-  }
-  Report("E fresh right after release", n, v);
-  v.clear();
-  for (int i = 0; i < reps; ++i) {
-    Buf r = Create(n);
-    CK(cuMemsetD8(r.p, 1, n));
-    Pause();
-    Release(r);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    Buf f = Create(n);
-    v.push_back(CopyMs(f.p, host, n));
-    Release(f);
-  }
-  Report("F fresh, release, 300 ms", n, v);
-  v.clear();
-  for (int i = 0; i < reps; ++i) {
-    Pause();
-    Buf f = Create(n);
-    auto t = Clock::now();
-    CK(cuMemsetD8(f.p, 0, n));
-    CK(cuStreamSynchronize(0));
-    x.push_back(Ms(t, Clock::now()));
-    v.push_back(CopyMs(f.p, host, n));
-    Release(f);
-  }
-  Report("G fresh, memset first (other)", n, v, x);
-  v.clear();
-  x.clear();
-  for (int i = 0; i < reps; ++i) {
-    Pause();
-    auto t = Clock::now();
-    CK(cuMemsetD8(warm.p, 0, n));
-    CK(cuStreamSynchronize(0));
-    x.push_back(Ms(t, Clock::now()));
-  }
-  Report("H memset long-mapped (other)", n, x, x);
-  x.clear();
-  // Same as B but with the pool's real pattern: 2 handles of n/2 mapped side by side.
-  for (int i = 0; i < reps; ++i) {
-    Pause();
-    Buf f = Create(n);
-    auto t = Clock::now();
-    CK(cuMemsetD8(f.p, 0, 2 << 20));
-    CK(cuStreamSynchronize(0));
-    x.push_back(Ms(t, Clock::now()));
-    v.push_back(CopyMs(f.p, host, n));
-    Release(f);
-  }
-  Report("I fresh, touch 2 MiB first", n, v, x);
-  v.clear();
-  x.clear();
   Release(warm);
   CK(cuMemFreeHost(host));
   return 0;
