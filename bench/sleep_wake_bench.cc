@@ -444,6 +444,17 @@ void BM_Bare(benchmark::State& state, Device* device, std::size_t bytes, Timed w
   Report(state, timed, chunks->bytes(), timed_clock);
 }
 
+// `bytes` from `src` to `dst` as a backup copies them: one copy per block on the legacy default stream, then
+// one synchronization (also after a failed copy, so that nothing is left in flight).
+absl::Status CopyBlocks(Driver& driver, DevicePtr dst, DevicePtr src, std::size_t bytes) {
+  absl::Status s;
+  for (std::size_t offset = 0; s.ok() && offset < bytes; offset += kBlockSize) {
+    s = driver.CopyAsync(dst + offset, src + offset, kBlockSize, kDefaultStream);
+  }
+  absl::Status synced = driver.StreamSynchronize(kDefaultStream);
+  return s.ok() ? synced : s;
+}
+
 // What a backed-up wake is made of, through the Driver interface alone, right after the release of the same
 // handles (as a wake comes right after its sleep): per iteration, timed, create and map the handles and copy
 // every block from pinned host memory (as bare_create_map, then as pinned_copy_h2d); untimed, unmap and
@@ -469,11 +480,7 @@ void BM_BareWakeBackup(benchmark::State& state, Device* device, std::size_t byte
     timed.SetPhase(Phase::kTimed);
     error = Clocked(timed_clock, [&] {
       absl::Status s = chunks->CreateAndMap();
-      for (std::size_t offset = 0; s.ok() && offset < bytes; offset += kBlockSize) {
-        s = timed.CopyAsync(chunks->base() + offset, host_ptr + offset, kBlockSize, kDefaultStream);
-      }
-      absl::Status synced = timed.StreamSynchronize(kDefaultStream);
-      return s.ok() ? synced : s;
+      return s.ok() ? CopyBlocks(timed, chunks->base(), host_ptr, bytes) : s;
     });
     timed.SetPhase(Phase::kTeardown);
     if (error.ok()) error = chunks->UnmapAndRelease();
@@ -514,14 +521,7 @@ void BM_PinnedCopy(benchmark::State& state, Device* device, std::size_t bytes, b
   for (auto _ : state) {
     const std::int64_t before = timed_clock.wall_ns;
     timed.SetPhase(Phase::kTimed);
-    error = Clocked(timed_clock, [&] {
-      absl::Status s;
-      for (std::size_t offset = 0; s.ok() && offset < bytes; offset += kBlockSize) {
-        s = timed.CopyAsync(dst + offset, src + offset, kBlockSize, kDefaultStream);
-      }
-      absl::Status synced = timed.StreamSynchronize(kDefaultStream);
-      return s.ok() ? synced : s;
-    });
+    error = Clocked(timed_clock, [&] { return CopyBlocks(timed, dst, src, bytes); });
     timed.SetPhase(Phase::kNone);
     if (!error.ok()) break;
     state.SetIterationTime(static_cast<double>(timed_clock.wall_ns - before) / 1e9);

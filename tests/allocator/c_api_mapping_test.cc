@@ -9,6 +9,7 @@
 #include "graphalloc/allocator/c_api/graphalloc.h"
 #include "graphalloc/allocator/device/driver.h"
 #include "gtest/gtest.h"
+#include "tests/testing/c_api_pool_malloc.h"
 #include "tests/testing/test_device.h"
 
 namespace graphalloc {
@@ -47,19 +48,7 @@ class CApiMappingTest : public ::testing::Test {
   }
   void TearDown() override { testing::ExpectDefaultAllocatorsHoldNothing(); }
 
-  void* Malloc(size_t size, uint64_t pool = 0) {
-    uint64_t route = 0;
-    if (pool != 0) {
-      EXPECT_EQ(graphalloc_begin_allocate_to_pool_for_thread(0, pool, &route), GRAPHALLOC_OK)
-          << graphalloc_last_error();
-    }
-    void* p = nullptr;
-    EXPECT_EQ(graphalloc_malloc(&p, size, 0, nullptr), GRAPHALLOC_OK) << graphalloc_last_error();
-    if (pool != 0) {
-      EXPECT_EQ(graphalloc_end_route(route), GRAPHALLOC_OK);
-    }
-    return p;
-  }
+  void* Malloc(size_t size, uint64_t pool = 0) { return testing::MallocInPool(pool, size); }
   // The bytes of `seen`'s live mappings.
   static size_t LiveBytes(const Seen& seen) {
     size_t total = 0;

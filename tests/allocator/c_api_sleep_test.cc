@@ -9,6 +9,7 @@
 #include "graphalloc/allocator/c_api/graphalloc.h"
 #include "graphalloc/allocator/device/driver.h"
 #include "gtest/gtest.h"
+#include "tests/testing/c_api_pool_malloc.h"
 #include "tests/testing/status_macros.h"
 #include "tests/testing/test_device.h"
 
@@ -35,19 +36,7 @@ class CApiSleepTest : public ::testing::Test {
     return pool;
   }
   // Allocates `size` bytes in `pool` (0: the default pool) through a route of the calling thread.
-  void* MallocIn(uint64_t pool, size_t size) {
-    uint64_t route = 0;
-    if (pool != 0) {
-      EXPECT_EQ(graphalloc_begin_allocate_to_pool_for_thread(0, pool, &route), GRAPHALLOC_OK)
-          << graphalloc_last_error();
-    }
-    void* p = nullptr;
-    EXPECT_EQ(graphalloc_malloc(&p, size, 0, nullptr), GRAPHALLOC_OK) << graphalloc_last_error();
-    if (pool != 0) {
-      EXPECT_EQ(graphalloc_end_route(route), GRAPHALLOC_OK);
-    }
-    return p;
-  }
+  void* MallocIn(uint64_t pool, size_t size) { return testing::MallocInPool(pool, size); }
   void Fill(void* p, std::size_t n, std::uint8_t byte) {
     const std::vector<std::uint8_t> data(n, byte);
     EXPECT_OK(driver_->CopyHostToDevice(reinterpret_cast<DevicePtr>(p), data.data(), n));

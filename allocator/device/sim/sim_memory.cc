@@ -102,9 +102,8 @@ std::map<DevicePtr, std::size_t>::const_iterator FindReservation(const SimState&
 // queued work needs).
 bool FullyMapped(const SimState& s, DevicePtr ptr, std::size_t size, bool exact, bool with_access = false)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
-  auto it = s.mappings.upper_bound(ptr);
-  if (it == s.mappings.begin()) return false;
-  --it;
+  auto it = s.MappingAt(ptr);
+  if (it == s.mappings.end()) return false;
   if (exact && it->first != ptr) return false;
   DevicePtr covered = it->first;
   const DevicePtr end = ptr + size;
@@ -117,6 +116,13 @@ bool FullyMapped(const SimState& s, DevicePtr ptr, std::size_t size, bool exact,
 }
 
 }  // namespace
+
+std::map<DevicePtr, SimMapping>::const_iterator SimState::MappingAt(DevicePtr ptr) const {
+  auto it = mappings.upper_bound(ptr);
+  if (it == mappings.begin()) return mappings.end();
+  --it;
+  return ptr < it->first + it->second.size ? it : mappings.end();
+}
 
 bool SimState::Accessible(DevicePtr ptr, std::size_t size) {
   if (size == 0) return true;
@@ -385,7 +391,7 @@ absl::StatusOr<int> SimDriver::MemGetDmaBufFd(DevicePtr ptr, std::size_t size) {
     pieces.emplace_back(std::prev(a)->second.offset + (ptr - std::prev(a)->first), size);
   } else {
     if (!FullyMapped(s, ptr, size, /*exact=*/false)) return DriverError(kName, DriverResult::kInvalidValue);
-    auto it = std::prev(s.mappings.upper_bound(ptr));
+    auto it = s.MappingAt(ptr);
     for (DevicePtr at = ptr; at < ptr + size; ++it) {
       const std::size_t skip = at - it->first;
       const std::size_t n = std::min(it->second.size - skip, ptr + size - at);

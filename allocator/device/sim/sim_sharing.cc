@@ -91,10 +91,8 @@ absl::StatusOr<PhysicalHandle> SimDriver::MemRetainAllocationHandle(DevicePtr pt
   if (absl::Status st = state_->Begin(SimCall::kMemRetain, kName); !st.ok()) return st;
   State& s = *state_;
   MutexLock lock(&s.mu);
-  auto it = s.mappings.upper_bound(ptr);
-  if (it == s.mappings.begin()) return DriverError(kName, DriverResult::kInvalidValue);
-  --it;
-  if (ptr >= it->first + it->second.size) return DriverError(kName, DriverResult::kInvalidValue);
+  auto it = s.MappingAt(ptr);
+  if (it == s.mappings.end()) return DriverError(kName, DriverResult::kInvalidValue);
   SimPhysical& phys = s.physical.at(it->second.phys_id);
   if (phys.released) {
     // The id was given back while mapped: retaining brings it back, as CUDA hands out a new reference.

@@ -182,6 +182,9 @@ struct SimState {
   // Whether queued work may touch [ptr, ptr + size): inside one plain allocation, or mapped throughout
   // with access granted. Work that finds it is not counts an illegal access instead of faulting.
   bool Accessible(DevicePtr ptr, std::size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The mapping that holds byte `ptr`, or mappings.end().
+  std::map<DevicePtr, SimMapping>::const_iterator MappingAt(DevicePtr ptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   bool CheckQueuedAccess(DevicePtr ptr, std::size_t size) ABSL_LOCKS_EXCLUDED(mu);
 
   // ---- Stream engine (sim_streams.cc). ----
