@@ -232,6 +232,18 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
   return absl::OkStatus();
 }
 
+absl::StatusOr<PoolId> CachingAllocator::PoolOfAllocation(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Block* block = nullptr;
+  StreamShard* shard = ptr != 0 ? LockOwnerOf(ptr, &block) : nullptr;
+  if (shard == nullptr || block->freeing) {
+    if (shard != nullptr) shard->mu.Unlock();
+    return absl::NotFoundError(absl::StrFormat("no live allocation of this allocator starts at 0x%x", ptr));
+  }
+  const PoolId pool = shard->pool != nullptr ? shard->pool->id : kDefaultPool;
+  shard->mu.Unlock();
+  return pool;
+}
+
 void CachingAllocator::ReleaseOrphanAfterFree(PoolId pool) {
   if (pool == kDefaultPool) return;
   // The free is done: a device failure while the pool's memory goes back must not report it as failed

@@ -111,6 +111,11 @@ class CachingAllocator {
   // `stream` up to the Free() has completed.
   absl::Status RecordStream(DevicePtr ptr, Stream stream);
 
+  // The pool of the live allocation that Allocate() returned at `ptr` (kDefaultPool for the default
+  // cache); NotFound when no live allocation starts there. For front ends that must tell memory their
+  // function allocated in a graph's pool from memory it only read.
+  absl::StatusOr<PoolId> PoolOfAllocation(DevicePtr ptr);
+
   // ---- Holds (block_holds.cc): another process maps a block (allocator/ipc/). ----
   // Keeps the block that Allocate() returned at `ptr` from being reused or unmapped until the hold is
   // released. A Free() of a held block returns at once, but the block stays allocated (in the statistics

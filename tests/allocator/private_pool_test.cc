@@ -67,6 +67,23 @@ TEST_F(PrivatePoolTest, UseCountFollowsHandlesExactly) {
   EXPECT_TRUE(absl::IsNotFound(allocator_->AcquirePool(id).status()));
 }
 
+TEST_F(PrivatePoolTest, PoolOfAllocationNamesTheLiveAllocationsPoolAndNothingElse) {
+  GRAPHALLOC_ALLOCATOR_SETUP();
+  ASSERT_OK_AND_ASSIGN(PrivatePool pool, allocator_->CreatePool());
+  const DevicePtr in_pool = AllocInPool(pool, 4096);
+  const DevicePtr outside = Alloc(4096);
+  ASSERT_OK_AND_ASSIGN(const PoolId owner, allocator_->PoolOfAllocation(in_pool));
+  EXPECT_EQ(owner, pool.id());
+  ASSERT_OK_AND_ASSIGN(const PoolId default_owner, allocator_->PoolOfAllocation(outside));
+  EXPECT_EQ(default_owner, kDefaultPool);
+  EXPECT_TRUE(absl::IsNotFound(allocator_->PoolOfAllocation(in_pool + 512).status())) << "not a block's start";
+  EXPECT_TRUE(absl::IsNotFound(allocator_->PoolOfAllocation(0).status()));
+  ASSERT_OK(allocator_->Free(in_pool));
+  EXPECT_TRUE(absl::IsNotFound(allocator_->PoolOfAllocation(in_pool).status())) << "freed";
+  ASSERT_OK(allocator_->Free(outside));
+  ASSERT_OK(allocator_->CheckInvariants());
+}
+
 TEST_F(PrivatePoolTest, StreamRouteSendsOnlyThatStreamToThePool) {
   GRAPHALLOC_ALLOCATOR_SETUP();
   const Stream s1 = NewStream();
