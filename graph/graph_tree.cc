@@ -65,12 +65,29 @@ GraphTree::~GraphTree() {
   roots_.clear();  // graphs and executables
   // Everything still allocated in the pool (outputs of the last recording, warmup outputs) is the tree's:
   // restoring the empty layout frees it, so the pool can return its memory once the handles are gone.
-  if (pool_) (void)allocator_.Restore(pool_, empty_checkpoint_);
+  // Except what a recording kept when recording was disabled: its holders free that, and the pool goes
+  // back to the device after the last of them.
+  if (pool_ && kept_blocks_.empty()) {
+    (void)allocator_.Restore(pool_, empty_checkpoint_);
+  } else if (pool_) {
+    FreeAllButKept();
+  }
   pin_.Reset();
   pool_.Reset();
   if (caller_ready_ != Event{}) (void)driver_.EventDestroy(caller_ready_);
   if (tree_done_ != Event{}) (void)driver_.EventDestroy(tree_done_);
   if (stream_ != kDefaultStream) (void)driver_.StreamDestroy(stream_);
+}
+
+void GraphTree::FreeAllButKept() {
+  absl::StatusOr<PoolCheckpoint> layout = CheckpointPool();
+  if (!layout.ok()) return;
+  for (const CheckpointSegment& seg : layout->segments) {
+    for (const CheckpointBlock& b : seg.blocks) {
+      const DevicePtr ptr = seg.base + b.offset;
+      if (b.allocated && !kept_blocks_.contains(ptr)) (void)allocator_.Free(ptr);
+    }
+  }
 }
 
 absl::StatusOr<FunctionId> GraphTree::Register(TreeFunction function, FunctionOptions options) {
@@ -163,7 +180,8 @@ void GraphTree::BuildKey(const Function& fn, std::span<const CallInput> inputs) 
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const BufferView& v = inputs[i].view();
     const InputRole role = RoleOf(fn, i, inputs[i]);
-    scratch_key_.inputs[i] = KeyInput{role, role == InputRole::kCopied ? 0 : v.ptr, v.bytes};
+    scratch_key_.inputs[i] =
+        KeyInput{role, role == InputRole::kCopied ? 0 : v.ptr, v.bytes, inputs[i].layout()};
   }
   scratch_key_.Rehash();
 }
@@ -216,6 +234,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Call(FunctionId id, std::span
   if (absl::Status s = CheckInputs(inputs); !s.ok()) return s;
   Function& fn = functions_[id];
   if (options_.implicit_steps && !path_.empty() && path_.front().function == id) EndStep();
+  if (!disabled_reason_.empty()) return RunEager(fn, nullptr, inputs, stream);
 
   CallSite* site = in_warmup_ ? nullptr : &SiteFor(current_, id);
   if (site != nullptr && fn.runs_eagerly && !site->eager) MakeSiteEager(*site, fn.eager_warning);
@@ -253,6 +272,17 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Call(FunctionId id, std::span
   return Record(*site, inputs, stream, why);
 }
 
+absl::StatusOr<std::vector<TreeOutput>> GraphTree::CallEagerly(FunctionId id,
+                                                               std::span<const CallInput> inputs,
+                                                               Stream stream) {
+  if (id >= functions_.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "GraphTree::CallEagerly: unknown function id %d (%d functions registered)", id, functions_.size()));
+  }
+  if (absl::Status s = CheckInputs(inputs); !s.ok()) return s;
+  return RunEager(functions_[id], nullptr, inputs, stream);
+}
+
 absl::StatusOr<std::vector<TreeOutput>> GraphTree::Replay(TreeNode& node, std::span<const CallInput> inputs,
                                                           Stream stream) {
   for (const auto& [index, buffer] : node.copies) {
@@ -262,6 +292,7 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Replay(TreeNode& node, std::s
   if (absl::Status s = LaunchNode(node, inputs, stream); !s.ok()) return s;
   ++node.replays;
   ++counters_.replays;
+  last_call_ = TreeCallInfo{TreeCallInfo::Kind::kReplay, node.id};
   return FinishRecordedCall(node, inputs, stream);
 }
 
@@ -348,7 +379,10 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::RunEager(Function& fn, CallSi
     entry.node = site->eager_node.get();
     current_ = entry.node;
   }
-  return MakeOutputs(fn, specs, inputs, OutputKind::kOwned, /*recorded=*/false, entry);
+  last_call_ = TreeCallInfo{TreeCallInfo::Kind::kEager, 0};
+  return MakeOutputs(fn, specs, inputs,
+                     options_.eager_outputs_owned ? OutputKind::kOwned : OutputKind::kBorrowed,
+                     /*recorded=*/false, entry);
 }
 
 }  // namespace graphalloc

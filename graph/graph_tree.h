@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/caching_allocator.h"
@@ -78,8 +79,37 @@ struct TreeOptions {
   // reported once (a warning naming it and the input) and runs eagerly from then on, since a recording
   // would write the graph's private copy instead. Off: such a write is not detected (declare it).
   bool check_input_mutation = true;
+  // Where warmup calls run. In the pool (the default): their memory is the tree's, freed as their outputs
+  // die. Outside it (false): as eager calls do, on the tree's stream, outputs owned by their handles; for
+  // callers whose functions create lasting state on their first calls (lazily built caches, optimizer
+  // state, library workspaces), which must not land in memory the tree's recordings reuse.
+  bool warmup_in_pool = true;
+  // A recording that leaves allocations in the pool beyond its outputs (state the function kept, not
+  // returned) normally keeps them for the recording's life, with a warning. With this on, it fails instead
+  // and the tree stops recording altogether: the kept memory stays where it is, owned by whatever holds
+  // it, and every later call runs eagerly (replays would write into memory that is no longer the tree's).
+  // For callers that cannot tell the tree what their functions keep (PyTorch programs).
+  bool fail_on_leftover_allocations = false;
+  // A recording that fails (the function's error, a capture the driver refused) normally puts the pool back
+  // as it was and the call site tries again on the next call. With this on, the tree instead stops
+  // recording (every later call runs eagerly, one warning) and leaves what the failed call allocated in the
+  // pool to whatever holds it: for callers whose functions' memory may outlive a failure (a Python
+  // exception keeps the frames, and the tensors, of the failed call).
+  bool stop_recording_after_failure = false;
+  // Whether new outputs of eager calls and of warmups outside the pool are owned by their handles (freed
+  // with the last one) or only borrowed: for callers whose framework already owns what its functions
+  // return (a PyTorch tensor frees its memory itself).
+  bool eager_outputs_owned = true;
   // Empty: warnings go to stderr, info is dropped.
   TreeLogSink log;
+};
+
+// What the last GraphTree::Call did (for front ends that keep per-recording state of their own).
+struct TreeCallInfo {
+  enum class Kind : std::uint8_t { kWarmup, kRecord, kReplay, kEager };
+  Kind kind = Kind::kWarmup;
+  // The recorded node it recorded or replayed (TreeDumpNode::id); 0 for warmup and eager calls.
+  std::uint64_t node = 0;
 };
 
 // What a function receives: its inputs as the graph sees them (static and managed inputs at the caller's
@@ -131,6 +161,11 @@ class GraphTree {
   // stay usable and the call had no effect on the tree's state.
   absl::StatusOr<std::vector<TreeOutput>> Call(FunctionId function, std::span<const CallInput> inputs,
                                                Stream stream);
+  // Runs this call eagerly whatever the tree would do (outputs as an eager call's), on the step's path:
+  // for a call that depends on one that ran eagerly in a way a recording cannot capture (a backward
+  // derived from an eager forward's state, on the forward's streams).
+  absl::StatusOr<std::vector<TreeOutput>> CallEagerly(FunctionId function, std::span<const CallInput> inputs,
+                                                      Stream stream);
   absl::StatusOr<std::vector<TreeOutput>> Call(FunctionId function, std::initializer_list<CallInput> inputs,
                                                Stream stream) {
     return Call(function, std::span<const CallInput>(inputs.begin(), inputs.size()), stream);
@@ -140,6 +175,13 @@ class GraphTree {
   // next call starts at the roots.
   void BeginStep();
   std::uint64_t step() const;
+
+  // What the last successful Call did.
+  const TreeCallInfo& last_call() const { return last_call_; }
+  // Set once a recording kept allocations it did not return (TreeOptions::fail_on_leftover_allocations):
+  // the tree records nothing any more and every call runs eagerly; the reason, for messages.
+  bool recording_disabled() const { return !disabled_reason_.empty(); }
+  const std::string& disabled_reason() const { return disabled_reason_; }
 
   // The tree's structure and counters, for tests and users (FormatTreeDump prints it).
   TreeDump Dump() const;
@@ -163,6 +205,9 @@ class GraphTree {
 
   GraphTree(CachingAllocator& allocator, TreeOptions options);
   absl::Status Init();
+
+  // The destructor's cleanup when recording was disabled: frees the pool's blocks but the kept ones.
+  void FreeAllButKept();
 
   // ---- Dispatch and steps (graph_tree.cc). ----
   void EndStep();
@@ -222,6 +267,9 @@ class GraphTree {
   // ---- Warmup (tree_recording.cc). ----
   absl::StatusOr<std::vector<TreeOutput>> Warmup(FunctionId id, std::span<const CallInput> inputs,
                                                  Stream stream);
+  // A warmup outside the pool (TreeOptions::warmup_in_pool = false): on the tree's stream, outputs owned.
+  absl::StatusOr<std::vector<TreeOutput>> WarmupOutsidePool(FunctionId id, std::span<const CallInput> inputs,
+                                                            Stream stream);
   // Whether a warmup of `fn` compares input `i` before and after the call
   // (TreeOptions::check_input_mutation).
   bool ChecksForMutation(const Function& fn, std::size_t i, const CallInput& input) const;
@@ -265,6 +313,15 @@ class GraphTree {
   // `error` saying so.
   absl::Status FailRecording(CallSite& site, std::unique_ptr<TreeNode> node, const Function& fn,
                              const absl::Status& error);
+  // FailRecording under TreeOptions::stop_recording_after_failure: `before` are the pool's allocated blocks
+  // before the recording began; what the failed call added is left to its holders.
+  absl::Status StopRecordingAfter(CallSite& site, std::unique_ptr<TreeNode> node, const Function& fn,
+                                  const absl::Status& error, const absl::flat_hash_set<DevicePtr>& before);
+  // TreeOptions::fail_on_leftover_allocations: when `node`'s checkpoint holds blocks beyond its live
+  // outputs, disables recording (the pool is left as it is: something outside the tree owns those blocks)
+  // and returns the error naming the function; OK otherwise.
+  absl::Status CheckLeftovers(const Function& fn, CallSite& site, std::unique_ptr<TreeNode>& node,
+                              std::size_t allocated);
 
   CachingAllocator& allocator_;
   Driver& driver_;
@@ -287,6 +344,11 @@ class GraphTree {
   bool pool_layout_known_ = true;
   const TreeNode* pool_layout_ = nullptr;
   bool launched_ = false;  // anything was launched (the destructor then waits for the device)
+
+  TreeCallInfo last_call_;
+  std::string disabled_reason_;  // non-empty: recording is disabled (recording_disabled())
+  // The blocks a recording kept when recording was disabled: their holders free them, never the tree.
+  absl::flat_hash_set<DevicePtr> kept_blocks_;
 
   RecordingKey scratch_key_;
   std::vector<BufferView> scratch_views_;

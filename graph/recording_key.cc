@@ -44,6 +44,8 @@ const char* RerecordReasonName(RerecordReason reason) {
       return "input size changed";
     case RerecordReason::kLiveness:
       return "output liveness changed";
+    case RerecordReason::kInputLayout:
+      return "input layout changed";
   }
   return "?";
 }
@@ -53,6 +55,7 @@ std::uint64_t HashKeyInputs(std::span<const KeyInput> inputs) {
   for (const KeyInput& in : inputs) {
     h = Mix(h ^ (in.ptr + static_cast<std::uint64_t>(in.role)));
     h = Mix(h ^ in.bytes);
+    if (in.layout != 0) h = Mix(h ^ in.layout);
   }
   return h;
 }
@@ -72,7 +75,8 @@ KeyMismatch CompareKeys(const RecordingKey& recorded, const RecordingKey& now) {
     // Rank: a static address change first (the case the limit and the warning are about), then managed
     // changes, then sizes.
     int rank = 3;
-    RerecordReason reason = RerecordReason::kInputSize;
+    RerecordReason reason = r.bytes == n.bytes && r.layout != n.layout ? RerecordReason::kInputLayout
+                                                                       : RerecordReason::kInputSize;
     if (r.role != n.role || (r.role == InputRole::kManaged && r.ptr != n.ptr)) {
       rank = 2;
       reason = RerecordReason::kManagedInput;
@@ -125,6 +129,9 @@ std::string DescribeMismatch(const KeyMismatch& m) {
           "output %d of the call at depth %d is live, but was dead when this was recorded (a replay could "
           "overwrite it)",
           m.output, m.depth);
+    case RerecordReason::kInputLayout:
+      return absl::StrFormat("input %d changed layout (dtype, shape or strides) at the same size of %d bytes",
+                             m.input, m.now.bytes);
   }
   return "?";
 }

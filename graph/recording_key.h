@@ -34,6 +34,9 @@ struct KeyInput {
   InputRole role = InputRole::kCopied;
   DevicePtr ptr = 0;  // 0 for copied inputs: their address does not matter
   std::size_t bytes = 0;
+  // What the caller says the bytes are (CallInput::layout: a tensor's dtype, shape and strides, hashed),
+  // or 0. Two calls with the same bytes in another shape must not share a recording.
+  std::uint64_t layout = 0;
 
   friend bool operator==(const KeyInput&, const KeyInput&) = default;
 };
@@ -60,8 +63,9 @@ enum class RerecordReason : std::uint8_t {
   kManagedInput,   // a managed input's address changed, or an input became (or stopped being) managed
   kInputSize,      // an input's size, or the number of inputs, changed
   kLiveness,       // an output the recording saw dead (and may overwrite) is live now
+  kInputLayout,    // an input's layout (CallInput::layout) changed, its size did not
 };
-inline constexpr int kRerecordReasonCount = 5;
+inline constexpr int kRerecordReasonCount = 6;
 
 const char* RerecordReasonName(RerecordReason reason);
 

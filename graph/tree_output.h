@@ -125,6 +125,15 @@ class CallInput {
       : view_(output.state() ? output.state()->buffer : BufferView{}),
         handle_(output.state() ? &output.state() : nullptr) {}
 
+  // Tags the argument with its layout (a tensor's dtype, shape and strides, hashed by the caller; 0: none):
+  // part of the recording key, so a call with the same bytes in another layout does not replay a recording
+  // made for the first.
+  CallInput& WithLayout(std::uint64_t layout) {
+    layout_ = layout;
+    return *this;
+  }
+  std::uint64_t layout() const { return layout_; }
+
   const BufferView& view() const { return view_; }
   // The output this argument came from, or nullptr for a plain buffer.
   const OutputState* output() const { return handle_ != nullptr ? handle_->get() : nullptr; }
@@ -134,6 +143,7 @@ class CallInput {
  private:
   BufferView view_;
   const std::shared_ptr<OutputState>* handle_ = nullptr;
+  std::uint64_t layout_ = 0;
 };
 
 }  // namespace graphalloc

@@ -274,6 +274,7 @@ std::vector<TreeOutput> GraphTree::AddWarmupCall(FunctionId id, std::span<const 
 
 absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::span<const CallInput> inputs,
                                                           Stream stream) {
+  if (!options_.warmup_in_pool) return WarmupOutsidePool(id, inputs, stream);
   Function& fn = functions_[id];
   if (in_warmup_) {
     FreeWarmupBlocks(/*all=*/false);
@@ -294,7 +295,39 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Warmup(FunctionId id, std::sp
   if (absl::Status s = JoinCallerToTree(stream); !s.ok() && valid.ok()) valid = s;
   if (valid.ok() && check_mutation) valid = CheckWarmupMutation(fn, mutation_check);
   if (!valid.ok()) return valid;  // what it allocated stays in the pool until the next restore frees it
+  last_call_ = TreeCallInfo{TreeCallInfo::Kind::kWarmup, 0};
   return MaybeClone(fn, AddWarmupCall(id, specs, inputs), stream);
+}
+
+absl::StatusOr<std::vector<TreeOutput>> GraphTree::WarmupOutsidePool(FunctionId id,
+                                                                     std::span<const CallInput> inputs,
+                                                                     Stream stream) {
+  Function& fn = functions_[id];
+  GRAPHALLOC_RETURN_IF_ERROR(JoinTreeToCaller(stream));
+  ViewInputs(inputs);
+  InputMutationCheck mutation_check(driver_);
+  GRAPHALLOC_ASSIGN_OR_RETURN(const bool check_mutation,
+                              TakeInputsBeforeWarmup(fn, inputs, stream, mutation_check));
+  absl::StatusOr<std::vector<BufferView>> produced = fn.body(scratch_views_, stream_);
+  absl::Status joined = JoinCallerToTree(stream);
+  if (!produced.ok()) {
+    return Annotate(produced.status(),
+                    absl::StrFormat("graph tree: warmup call of '%s' failed", fn.options.name));
+  }
+  // New outputs are the caller's from here on, as an eager call's are.
+  const std::vector<OutputSpec> specs = ClassifyOutputs(scratch_views_, *produced);
+  ++fn.warmup_runs;
+  ++counters_.warmup_runs;
+  in_warmup_ = true;
+  PathEntry& entry = path_.emplace_back();
+  entry.function = id;
+  std::vector<TreeOutput> outputs = MakeOutputs(
+      fn, specs, inputs, options_.eager_outputs_owned ? OutputKind::kOwned : OutputKind::kBorrowed,
+      /*recorded=*/false, entry);
+  if (joined.ok() && check_mutation) joined = CheckWarmupMutation(fn, mutation_check);
+  if (!joined.ok()) return joined;
+  last_call_ = TreeCallInfo{TreeCallInfo::Kind::kWarmup, 0};
+  return MaybeClone(fn, std::move(outputs), stream);
 }
 
 // ---- Recording: Record and its steps, in the order it takes them. ----
@@ -305,11 +338,58 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
   GRAPHALLOC_RETURN_IF_ERROR(PreparePoolFor(site.parent));
   GRAPHALLOC_RETURN_IF_ERROR(JoinTreeToCaller(stream));
   std::unique_ptr<TreeNode> node = NewNode(site, why);
+  absl::flat_hash_set<DevicePtr> before;
+  if (options_.stop_recording_after_failure) {
+    GRAPHALLOC_ASSIGN_OR_RETURN(const PoolCheckpoint layout, CheckpointPool());
+    before = AllocatedBlocks(layout);
+  }
   absl::StatusOr<std::size_t> allocated = RecordNode(fn, *node, inputs, stream);
-  if (!allocated.ok()) return FailRecording(site, std::move(node), fn, allocated.status());
+  if (!allocated.ok()) {
+    if (options_.stop_recording_after_failure) {
+      return StopRecordingAfter(site, std::move(node), fn, allocated.status(), before);
+    }
+    return FailRecording(site, std::move(node), fn, allocated.status());
+  }
   NoteLiveness(*node);
+  GRAPHALLOC_RETURN_IF_ERROR(CheckLeftovers(fn, site, node, *allocated));
   TreeNode& added = AddRecording(site, std::move(node), why, *allocated);
+  last_call_ = TreeCallInfo{TreeCallInfo::Kind::kRecord, added.id};
   return FinishRecordedCall(added, inputs, stream);
+}
+
+absl::Status GraphTree::CheckLeftovers(const Function& fn, CallSite& site, std::unique_ptr<TreeNode>& node,
+                                       std::size_t allocated) {
+  if (!options_.fail_on_leftover_allocations || allocated <= node->live_after.size()) return absl::OkStatus();
+  // The kept blocks: allocated in the checkpoint, and not an output of the path that is live.
+  absl::flat_hash_set<DevicePtr> live;
+  for (const PathOutputRef& r : node->live_after) {
+    live.insert(r.depth == node->depth ? node->outputs[r.index].buffer.ptr
+                                       : path_[r.depth].node->outputs[r.index].buffer.ptr);
+  }
+  std::size_t kept = 0, kept_bytes = 0;
+  for (const CheckpointSegment& seg : node->checkpoint.segments) {
+    for (const CheckpointBlock& b : seg.blocks) {
+      if (!b.allocated || live.contains(seg.base + b.offset)) continue;
+      ++kept;
+      kept_bytes += b.size;
+      kept_blocks_.insert(seg.base + b.offset);
+    }
+  }
+  disabled_reason_ = absl::StrFormat(
+      "recording '%s' kept %d allocation(s) (%d bytes) in the graph pool that it did not return: state the "
+      "function created while it was captured (a cache, a module attribute, a lazily built buffer, a .grad "
+      "made during the capture). Later replays would overwrite that memory, so the tree records nothing "
+      "from now on and every call runs eagerly. Create such state before graphing (one eager call does it), "
+      "or return it from the function",
+      fn.options.name, kept, kept_bytes);
+  Log(TreeLogLevel::kWarning, absl::StrCat("graph tree: ", disabled_reason_));
+  // The node goes, its graph with it; the pool stays as it is (its kept blocks belong to their holders).
+  site.executables.Release(node->exec);
+  node.reset();
+  ++site.failed_recordings;
+  ++counters_.failed_recordings;
+  pool_layout_known_ = false;
+  return absl::FailedPreconditionError(absl::StrCat("graph tree: ", disabled_reason_));
 }
 
 absl::StatusOr<std::size_t> GraphTree::RecordNode(const Function& fn, TreeNode& node,
@@ -483,6 +563,30 @@ absl::Status GraphTree::FailRecording(CallSite& site, std::unique_ptr<TreeNode> 
   if (cleanup.ok()) cleanup = PreparePoolFor(site.parent);
   if (!cleanup.ok())
     absl::StrAppend(&message, " (and putting the pool back failed: ", cleanup.message(), ")");
+  return absl::Status(error.code(), message);
+}
+
+absl::Status GraphTree::StopRecordingAfter(CallSite& site, std::unique_ptr<TreeNode> node, const Function& fn,
+                                           const absl::Status& error,
+                                           const absl::flat_hash_set<DevicePtr>& before) {
+  // The graph's copies of the inputs are the tree's: free those still allocated (a failure during the
+  // capture leaves them so).
+  (void)driver_.StreamSynchronize(stream_);
+  for (const auto& [index, buffer] : node->copies) (void)allocator_.Free(buffer);
+  site.executables.Release(node->exec);
+  node.reset();
+  ++site.failed_recordings;
+  ++counters_.failed_recordings;
+  pool_layout_known_ = false;
+  if (absl::StatusOr<PoolCheckpoint> after = CheckpointPool(); after.ok()) {
+    for (DevicePtr block : AllocatedBlocks(*after)) {
+      if (!before.contains(block)) kept_blocks_.insert(block);
+    }
+  }
+  const std::string message =
+      absl::StrFormat("graph tree: recording '%s' failed: %s", fn.options.name, error.message());
+  disabled_reason_ = absl::StrCat(message, "; the tree records nothing from now on and every call runs eagerly");
+  Log(TreeLogLevel::kWarning, disabled_reason_);
   return absl::Status(error.code(), message);
 }
 
