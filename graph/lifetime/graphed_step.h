@@ -4,8 +4,14 @@
 // randomness side in docs/rng.md).
 //
 // The pieces:
-//   - Parameters are fixed at Create: their addresses are baked into the graphs (static inputs of the
-//     tree), so they must stay allocated at those addresses; update them in place.
+//   - Stages: a step graphs one or several callables (stages), each a forward and a backward, all
+//     recorded in one tree per lane, so that they share one pool (PyTorch's make_graphed_callables over a
+//     tuple of modules). A micro-batch is what one lane's step holds: the forwards of its stages, then
+//     their backwards, in whatever order they come.
+//   - Parameters are static inputs of the tree: their addresses are baked into the graphs. Create with
+//     fixed parameters takes them once (update them in place); the staged form takes each stage's
+//     parameters with every Forward, so a parameter that moved is seen: the tree records again for the
+//     new address (up to its re-record limit, then runs the stage eagerly), never replays the old one.
 //   - Forward(inputs) runs the forward (warmup, recording or replay, through a GraphTree) and returns a
 //     StepForward: the outputs, and the saved state its backward reads, which the step keeps alive until
 //     that forward's last backward.
@@ -16,11 +22,14 @@
 //     then aliases the static buffer, and reading it after the next step of its lane is the tree's
 //     "overwritten" error. The policy is fixed when the step is captured (its first Backward) and later
 //     changes are refused, so a captured step never changes behaviour.
-//   - Lanes: each forward takes the first lane with no pending backward. A lane is a GraphTree of its own
-//     (its own pool) whose steps are "forward, its backwards", so a second forward while a backward is
-//     pending gets a separate recording in a separate pool, one per outstanding micro-batch (Megatron's
-//     one runner per outstanding micro-batch); past max_outstanding_forwards, Forward is an
-//     error. Any schedule (in order, f0 f1 b1 b0, 1F1B pipelines) replays once recorded.
+//   - Lanes: a lane is a GraphTree of its own (its own pool) whose steps are micro-batches. A forward of
+//     stage s joins the lane of the micro-batch it continues: the lane one of its inputs is a pool output
+//     of (an earlier stage's output passed on), else the oldest lane whose micro-batch has not run stage s
+//     nor begun a backward; else it begins a micro-batch on the first free lane (every forward of it
+//     ended), else on a new lane. So a second forward while a backward is pending gets a separate
+//     recording in a separate pool, one per outstanding micro-batch (Megatron's one runner per
+//     outstanding micro-batch); past max_outstanding_forwards lanes, Forward is an error. Any schedule
+//     (in order, f0 f1 b1 b0, 1F1B and interleaved pipelines) replays once recorded.
 //   - retain_graph: Backward(fwd, grads, stream, {.retain_graph = true}) leaves the forward pending, its
 //     saved state intact, and the backward can run again. Releases asked for (RequestRelease) while any
 //     retained backward may still run are deferred and run together in one epilogue (deferred_releases.h),
@@ -46,6 +55,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,10 +70,13 @@ namespace graphalloc {
 
 // What the forward function receives.
 struct ForwardArgs {
-  std::span<const BufferView> params;      // the step's parameters, at their own addresses
+  std::span<const BufferView> params;      // the stage's parameters, at their own addresses
   std::span<const BufferView> inputs;      // this micro-batch (graphed: the graph's copies of the caller's)
   Stream stream;                           // enqueue everything here; never synchronize
   std::span<Generator* const> generators;  // forward generator of each random op
+  std::size_t stage = 0;                   // which stage (callable) runs
+  std::uint64_t forward_id = 0;            // the StepForward::id() this call will have
+  std::size_t lane = 0;                    // the lane it runs in (tree(lane) when graphed)
 
   Generator& generator(std::size_t op) const { return *generators[op]; }
 };
@@ -81,6 +94,13 @@ struct BackwardArgs {
   std::span<const BufferView> grad_outputs;  // (graphed: the graph's copies of the caller's)
   Stream stream;
   std::span<Generator* const> generators;  // backward generators, at this forward's starting positions
+  std::size_t stage = 0;
+  std::size_t lane = 0;
+  std::uint64_t forward_id = 0;  // the forward whose backward this is
+  // The recorded node the forward recorded or replayed (TreeCallInfo::node); 0 when it ran as a warmup
+  // or eagerly. A front end whose backward is derived from what a forward call built (an autograd graph)
+  // finds it by this: every forward that replays node n saved into node n's buffers.
+  std::uint64_t forward_node = 0;
 
   Generator& generator(std::size_t op) const { return *generators[op]; }
 };
@@ -89,6 +109,15 @@ using ForwardFunction = std::function<absl::StatusOr<ForwardResult>(const Forwar
 // Returns one gradient per slot, newly allocated during the call; an empty BufferView for a slot with no
 // gradient. The slot count must not change between calls.
 using BackwardFunction = std::function<absl::StatusOr<std::vector<BufferView>>(const BackwardArgs&)>;
+
+// One stage of a staged step: a callable's forward and backward, and how many parameters its forwards
+// take (the first inputs of every call, static inputs of the tree).
+struct StageSpec {
+  std::string name;
+  std::size_t num_params = 0;
+  ForwardFunction forward;
+  BackwardFunction backward;
+};
 
 struct GraphedStepOptions {
   std::string name = "step";
@@ -103,6 +132,9 @@ struct GraphedStepOptions {
   // For each lane's tree: its log sink and re-record limit (implicit_steps is always off: the step
   // begins a lane's steps itself).
   TreeOptions tree = {};
+  // Capture participants every stage's forward and backward take part with (random generators of a front
+  // end, graph/capture_participant.h), after the generators of `rng`. They must outlive the step.
+  std::vector<CaptureParticipant*> participants = {};
 };
 
 struct BackwardOptions {
@@ -123,6 +155,12 @@ class StepForward {
   std::uint64_t id() const;
   // Whether a backward may still run for it.
   bool pending() const;
+  std::size_t stage() const;
+  // How many buffers it saved for its backward (the backward's arguments after the parameters).
+  std::size_t saved_count() const;
+  // The lane it runs in, and the tree node it recorded or replayed (0: a warmup or eager call).
+  std::size_t lane() const;
+  std::uint64_t node() const;
 
  private:
   friend class GraphedStep;
@@ -139,6 +177,10 @@ class GraphedStep {
                                                              ForwardFunction forward,
                                                              BackwardFunction backward,
                                                              GraphedStepOptions options = {});
+  // A staged step: each Forward names its stage and passes that stage's parameters.
+  static absl::StatusOr<std::unique_ptr<GraphedStep>> Create(CachingAllocator& allocator,
+                                                             std::vector<StageSpec> stages,
+                                                             GraphedStepOptions options = {});
   // Runs the deferred releases (the step's graphs are going away), then frees the lanes.
   ~GraphedStep();
   GraphedStep(const GraphedStep&) = delete;
@@ -148,6 +190,10 @@ class GraphedStep {
   absl::StatusOr<StepForward> Forward(std::initializer_list<BufferView> inputs, Stream stream) {
     return Forward(std::span<const BufferView>(inputs.begin(), inputs.size()), stream);
   }
+  // A forward of `stage` (staged steps): `params` are the stage's parameters now (num_params of them),
+  // `inputs` the micro-batch's (outputs of earlier stages may be passed as they are).
+  absl::StatusOr<StepForward> Forward(std::size_t stage, std::span<const CallInput> params,
+                                      std::span<const CallInput> inputs, Stream stream);
 
   // Gradients for `forward`, one per slot (see the file comment for cloning, aliasing and retain_graph).
   // Errors before the backward starts (a forward with no pending backward, a wrong number of gradient
@@ -163,6 +209,9 @@ class GraphedStep {
     return Backward(forward, std::span<const BufferView>(grad_outputs.begin(), grad_outputs.size()), stream,
                     options);
   }
+  absl::StatusOr<std::vector<TreeOutput>> Backward(const StepForward& forward,
+                                                   std::span<const CallInput> grad_outputs, Stream stream,
+                                                   BackwardOptions options = {});
 
   // A pending forward whose backward will not run (an evaluation pass, an abandoned micro-batch): ends it
   // as its last backward would, without running anything.
@@ -172,10 +221,16 @@ class GraphedStep {
   // that leaves none (or in the destructor). `what` names it in deferred_release_names().
   void RequestRelease(std::string what, DeferredReleases::Release release);
 
-  // Gradient slot `slot` aliases the graph's static buffer instead of being cloned (the default).
-  // FailedPrecondition once the step is captured (its first Backward): the policy is fixed then.
-  absl::Status SetAliasGradient(std::size_t slot, bool alias);
-  bool captured() const { return policy_fixed_; }
+  // Gradient slot `slot` (of `stage`) aliases the graph's static buffer instead of being cloned (the
+  // default). FailedPrecondition once the stage is captured (its first Backward): the policy is fixed then.
+  absl::Status SetAliasGradient(std::size_t slot, bool alias) { return SetAliasGradient(0, slot, alias); }
+  absl::Status SetAliasGradient(std::size_t stage, std::size_t slot, bool alias);
+  bool captured() const { return captured(0); }
+  bool captured(std::size_t stage) const;
+
+  // The ids of the forwards that ended (their last backward ran, they were discarded or failed) since the
+  // last call, in order: for front ends that keep per-forward state of their own.
+  std::vector<std::uint64_t> TakeEndedForwards() { return std::exchange(ended_forwards_, {}); }
 
   // ---- Introspection (tests, debugging). ----
   std::size_t pending_forwards() const;
@@ -189,28 +244,37 @@ class GraphedStep {
   std::size_t lanes() const { return lanes_.size(); }
   // Lane `lane`'s tree (nullptr in eager mode), for dumps and counters.
   const GraphTree* tree(std::size_t lane) const;
+  std::size_t stages() const;
 
  private:
   struct Lane;
+  struct Stage;
   class BackwardEpilogue;
 
-  GraphedStep(CachingAllocator& allocator, std::vector<BufferView> params, ForwardFunction forward,
-              BackwardFunction backward, GraphedStepOptions options);
-  absl::StatusOr<Lane*> FreeLane();
-  absl::StatusOr<std::vector<TreeOutput>> RunForward(Lane* lane, std::span<const BufferView> inputs,
-                                                     Stream stream);
+  GraphedStep(CachingAllocator& allocator, std::vector<StageSpec> stages, bool fixed_params,
+              std::vector<BufferView> params, GraphedStepOptions options);
+  static absl::Status Validate(const std::vector<StageSpec>& stages, const GraphedStepOptions& options);
+  // The lane a forward of `stage` with `inputs` joins (see the file comment), made if needed; `fresh` says
+  // whether it begins a micro-batch there.
+  absl::StatusOr<Lane*> LaneFor(std::size_t stage, std::span<const CallInput> inputs, bool& fresh);
+  absl::StatusOr<Lane*> NewLane();
+  absl::StatusOr<std::vector<TreeOutput>> RunForward(Lane& lane, ForwardRecord& record, bool fresh,
+                                                     std::span<const CallInput> params,
+                                                     std::span<const CallInput> inputs, Stream stream);
   // Why Backward cannot run for `record` with `grad_outputs` gradients (OK when it can).
   absl::Status CheckBackward(const ForwardRecord* record, std::size_t grad_outputs) const;
   absl::StatusOr<std::vector<TreeOutput>> RunBackward(ForwardRecord& record,
-                                                      std::span<const BufferView> grad_outputs,
+                                                      std::span<const CallInput> grad_outputs, Stream stream);
+  // The graphed step's tree functions: a stage's functions behind the tree's calling convention. The
+  // forward/backward being run is current_ (the tree calls bodies synchronously).
+  absl::StatusOr<std::vector<BufferView>> ForwardBody(std::size_t stage, std::span<const BufferView> in,
                                                       Stream stream);
-  // The graphed step's tree functions: the user's functions behind the tree's calling convention.
-  absl::StatusOr<std::vector<BufferView>> ForwardBody(std::span<const BufferView> in, Stream stream);
-  absl::StatusOr<std::vector<BufferView>> BackwardBody(std::span<const BufferView> in, Stream stream);
+  absl::StatusOr<std::vector<BufferView>> BackwardBody(std::size_t stage, std::span<const BufferView> in,
+                                                       Stream stream);
   // The backward's gradients as the caller gets them: cloned out of the pool unless the slot aliases.
-  absl::StatusOr<std::vector<TreeOutput>> HandOutGradients(std::vector<TreeOutput> grads,
+  absl::StatusOr<std::vector<TreeOutput>> HandOutGradients(const Stage& stage, std::vector<TreeOutput> grads,
                                                            Stream stream) const;
-  // Eager outputs as handles: owned unless they are a parameter (borrowed) or repeat an earlier one.
+  // Eager outputs as handles: owned unless they are an input (borrowed) or repeat an earlier one.
   std::vector<TreeOutput> WrapEager(std::span<const BufferView> produced, std::span<const BufferView> inputs);
   absl::Status CheckDraws(const ForwardRecord& record, const std::vector<std::uint64_t>& start) const;
   std::vector<std::uint64_t> Offsets(bool backward) const;
@@ -219,24 +283,21 @@ class GraphedStep {
   bool AnyRetained() const;
 
   CachingAllocator& allocator_;
+  const bool fixed_params_;  // Create(params, ...): every forward passes params_
   const std::vector<BufferView> params_;
-  const ForwardFunction forward_;
-  const BackwardFunction backward_;
   const GraphedStepOptions options_;
+  std::vector<Stage> stages_;
   std::vector<Generator*> forward_generators_;
   std::vector<Generator*> backward_generators_;
   std::shared_ptr<const OutputOrigin> eager_origin_;
 
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::uint64_t next_forward_ = 0;
-  // Fixed by the first forward / backward body run.
-  std::size_t num_outputs_ = 0, num_saved_ = 0, num_grad_slots_ = 0;
-  bool forward_shape_known_ = false, backward_shape_known_ = false;
+  std::uint64_t next_batch_ = 0;
+  // The forward or backward whose body the tree is about to run (set around each tree call).
+  const ForwardRecord* current_ = nullptr;
 
-  std::vector<bool> alias_;  // per slot, as set; copied to captured_alias_ at capture
-  std::vector<bool> captured_alias_;
-  bool policy_fixed_ = false;
-
+  std::vector<std::uint64_t> ended_forwards_;
   DeferredReleases deferred_;
 };
 
