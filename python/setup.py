@@ -45,6 +45,8 @@ class BuildPyWithLibrary(build_py):
         shim = library.parent / "libgraphalloc_torch.so"
         if shim.is_file():
             shutil.copyfile(shim, target / "libgraphalloc_torch.so")
+        for graphs in library.parent.glob("_torch_graphs*.so"):  # the graph front ends' module
+            shutil.copyfile(graphs, target / graphs.name)
         print(f"graphalloc: packaged {library}")
 
 

@@ -792,3 +792,11 @@ def config(device=None) -> str:
         except Exception:  # noqa: BLE001
             pass
     return os.environ.get("GRAPHALLOC_CONF", "")
+
+
+# CUDA graphs for PyTorch programs on graphalloc's graph tree (torch_graphs.py): drop-in graphed callables
+# and graphed steps.
+from graphalloc.torch_graphs import (GraphBackendError, GraphedFunction, graph_memory, graphed,  # noqa: E402
+                                     make_graphed_callables)
+
+__all__ += ["make_graphed_callables", "graphed", "GraphedFunction", "graph_memory", "GraphBackendError"]

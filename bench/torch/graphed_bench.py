@@ -1,0 +1,148 @@
+"""Training step time and peak reserved memory of graphed PyTorch models: eager, torch.cuda.make_graphed_callables
+and graphalloc's (make_graphed_callables, and graphed() over the whole forward, loss and backward).
+
+    python3 bench/torch/graphed_bench.py --reps 5 --out OUT/graphed_bench.json
+
+runs every (model, variant) in its own process, repetitions interleaved (variant order rotated each
+round), and prints per model the median step time with its spread (min..max over repetitions), the
+speed-up over eager, the ratio to torch.cuda.make_graphed_callables, the host time of the graphed calls
+(what the CPU spends per step in the forward and backward calls: where graphalloc's extra work per replay
+shows) and the peak reserved memory. Variants "eager" and "torch" run on PyTorch's own allocator; the
+graphalloc ones with graphalloc installed. Models: "launch" (32 small layers: launch-bound) and "gpt2"
+(GPT-2 small, examples/torch/gpt.py).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VARIANTS = ("eager", "torch", "graphalloc", "graphalloc_step")
+MODELS = ("launch", "gpt2")
+
+
+def build(model_name, torch):
+    sys.path.insert(0, str(REPO / "examples" / "torch"))
+    if model_name == "launch":
+        layers = []
+        for _ in range(32):
+            layers += [torch.nn.Linear(256, 256), torch.nn.GELU()]
+        model = torch.nn.Sequential(*layers).cuda()
+        x = torch.randn(8, 256, device="cuda")
+        target = torch.randn(8, 256, device="cuda")
+
+        def loss_of(out):
+            return (out - target).square().mean()
+        return model, (x,), loss_of
+    from gpt import GPT, GPTConfig, batches
+    config = GPTConfig(seq=256)
+    model = GPT(config).cuda()
+    idx, targets = batches(config, 1, batch=8)[0]
+    return model, (idx, targets), lambda out: out
+
+
+def worker(args):
+    if args.variant.startswith("graphalloc"):
+        sys.path.insert(0, str(REPO / "python"))
+        import graphalloc.torch as gat
+        gat.install()
+    import torch
+    torch.manual_seed(0)
+    model, sample, loss_of = build(args.model, torch)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if args.variant == "torch":
+        run = torch.cuda.make_graphed_callables(model, sample)
+    elif args.variant == "graphalloc":
+        import graphalloc.torch as gat
+        run = gat.make_graphed_callables(model, sample)
+    else:
+        run = model
+
+    def fwd_bwd(*inputs):
+        loss = loss_of(run(*inputs))
+        loss.backward()
+        return loss
+
+    if args.variant == "graphalloc_step":
+        import graphalloc.torch as gat
+        fwd_bwd = gat.graphed(fwd_bwd, modules=[model])
+    host, steps = [], []
+    for i in range(args.warmup + args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        h0 = time.perf_counter()
+        fwd_bwd(*sample)
+        h1 = time.perf_counter()
+        opt.step()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        if i >= args.warmup:
+            steps.append((t1 - t0) * 1e3)
+            host.append((h1 - h0) * 1e6)
+    print(json.dumps({"model": args.model, "variant": args.variant, "step_ms": statistics.median(steps),
+                      "host_us": statistics.median(host), "peak_reserved": torch.cuda.max_memory_reserved(),
+                      "allocator": torch.cuda.get_allocator_backend(), "device": torch.cuda.get_device_name()}))
+
+
+def driver(args):
+    results = []
+    variants = list(args.variants)
+    for rep in range(args.reps):
+        order = variants[rep % len(variants):] + variants[:rep % len(variants)]
+        for model in args.models:
+            for variant in order:
+                cmd = [sys.executable, __file__, "--worker", "--model", model, "--variant", variant,
+                       "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+                r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+                line = [x for x in r.stdout.splitlines() if x.startswith("{")]
+                if r.returncode != 0 or not line:
+                    print(f"{model}/{variant} failed ({r.returncode}): {r.stderr[-2000:]}", file=sys.stderr)
+                    continue
+                results.append(dict(json.loads(line[-1]), rep=rep))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    table(results)
+
+
+def table(results):
+    print("| model | variant | step ms (median, min..max) | vs eager | vs torch | host us per step | peak reserved MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for model in MODELS:
+        med = {}
+        for variant in VARIANTS:
+            rows = [r for r in results if r["model"] == model and r["variant"] == variant]
+            if rows:
+                med[variant] = (statistics.median(r["step_ms"] for r in rows), rows)
+        for variant, (m, rows) in med.items():
+            lo, hi = min(r["step_ms"] for r in rows), max(r["step_ms"] for r in rows)
+            vs_eager = med["eager"][0] / m if "eager" in med else float("nan")
+            vs_torch = m / med["torch"][0] if "torch" in med else float("nan")
+            host = statistics.median(r["host_us"] for r in rows)
+            peak = statistics.median(r["peak_reserved"] for r in rows) / 2**20
+            print(f"| {model} | {variant} | {m:.3f} ({lo:.3f}..{hi:.3f}) | {vs_eager:.2f}x | {vs_torch:.3f} | "
+                  f"{host:.1f} | {peak:,.0f} |")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--model", choices=MODELS, default="launch")
+    p.add_argument("--variant", choices=VARIANTS, default="eager")
+    p.add_argument("--models", nargs="+", default=list(MODELS))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out")
+    args = p.parse_args()
+    worker(args) if args.worker else driver(args)
+
+
+if __name__ == "__main__":
+    main()
