@@ -100,6 +100,10 @@ struct TreeOptions {
   // with the last one) or only borrowed: for callers whose framework already owns what its functions
   // return (a PyTorch tensor frees its memory itself).
   bool eager_outputs_owned = true;
+  // Before each recording, return the allocator's unused cached memory to the device
+  // (CachingAllocator::EmptyCache), as PyTorch's torch.cuda.graph does before each capture: what warmups
+  // cached outside the pool would otherwise stay reserved beside the pool the recording fills.
+  bool release_cache_before_recording = false;
   // Empty: warnings go to stderr, info is dropped.
   TreeLogSink log;
 };

@@ -336,6 +336,13 @@ absl::StatusOr<std::vector<TreeOutput>> GraphTree::Record(CallSite& site, std::s
                                                           Stream stream, const KeyMismatch& why) {
   const Function& fn = functions_[site.function];
   GRAPHALLOC_RETURN_IF_ERROR(PreparePoolFor(site.parent));
+  if (options_.release_cache_before_recording) {
+    // Only unused cached memory goes (the pool is pinned); a failure leaves the cache as it was.
+    if (absl::Status s = allocator_.EmptyCache(); !s.ok()) {
+      Log(TreeLogLevel::kInfo,
+          absl::StrCat("graph tree: releasing the cache before recording: ", s.message()));
+    }
+  }
   GRAPHALLOC_RETURN_IF_ERROR(JoinTreeToCaller(stream));
   std::unique_ptr<TreeNode> node = NewNode(site, why);
   absl::flat_hash_set<DevicePtr> before;
@@ -585,7 +592,8 @@ absl::Status GraphTree::StopRecordingAfter(CallSite& site, std::unique_ptr<TreeN
   }
   const std::string message =
       absl::StrFormat("graph tree: recording '%s' failed: %s", fn.options.name, error.message());
-  disabled_reason_ = absl::StrCat(message, "; the tree records nothing from now on and every call runs eagerly");
+  disabled_reason_ =
+      absl::StrCat(message, "; the tree records nothing from now on and every call runs eagerly");
   Log(TreeLogLevel::kWarning, disabled_reason_);
   return absl::Status(error.code(), message);
 }

@@ -795,8 +795,13 @@ def config(device=None) -> str:
 
 
 # CUDA graphs for PyTorch programs on graphalloc's graph tree (torch_graphs.py): drop-in graphed callables
-# and graphed steps.
-from graphalloc.torch_graphs import (GraphBackendError, GraphedFunction, graph_memory, graphed,  # noqa: E402
-                                     make_graphed_callables)
+# and graphed steps, imported on first use (they need more of PyTorch than installing the allocator does).
+_GRAPH_NAMES = ("make_graphed_callables", "graphed", "GraphedFunction", "graph_memory", "GraphBackendError")
+__all__ += list(_GRAPH_NAMES)
 
-__all__ += ["make_graphed_callables", "graphed", "GraphedFunction", "graph_memory", "GraphBackendError"]
+
+def __getattr__(name: str):
+    if name in _GRAPH_NAMES:
+        from graphalloc import torch_graphs
+        return getattr(torch_graphs, name)
+    raise AttributeError(f"module 'graphalloc.torch' has no attribute {name!r}")

@@ -192,6 +192,7 @@ class GraphedFunction:
         self._grads = grads
         self._device = device
         self._native = None
+        self._grad_pool = None
         self._natives: Dict[int, Any] = {}
         self._structures_by_native: Dict[int, Dict[int, Any]] = {}
         self._eager_reason: Optional[str] = None
@@ -285,12 +286,17 @@ class GraphedFunction:
             out_leaves[slot] = t
         n_out = len(tensor_slots)
         # Gradients the call created for parameters that had none: installed as .grad, owned unless asked.
-        for k, g in zip(grad_params, outs[n_out:]):
-            p = params[k]
-            if g is None:
-                continue
-            if kind in ("record", "replay") and self._grads == "clone":
-                g = g.clone()
+        # The copies come from a pool of their own, in parameter order: freed with zero_grad(set_to_none=True)
+        # and taken again the same way each step, they land at the same addresses, so the next call (a
+        # micro-batch accumulating into them, static inputs) replays instead of recording again.
+        new_grads = [(params[k], g) for k, g in zip(grad_params, outs[n_out:]) if g is not None]
+        if new_grads and self._grads == "clone":
+            if self._grad_pool is None:
+                self._grad_pool = torch.cuda.MemPool()
+            with torch.cuda.use_mem_pool(self._grad_pool):
+                copies = _native().clone_all([g for _, g in new_grads])
+            new_grads = [(p, c) for (p, _), c in zip(new_grads, copies)]
+        for p, g in new_grads:
             p.grad = g
         return pytree.tree_unflatten(list(out_leaves), out_spec)
 
@@ -450,11 +456,12 @@ class _StageFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, stage: _Stage, *tensors):  # noqa: D401 (autograd's signature)
         front = stage.front
-        outputs, forward_id = front.run_forward(stage, tensors[:stage.num_inputs], tensors[stage.num_inputs:])
+        outputs, forward_id, sentinel = front.run_forward(stage, tensors[:stage.num_inputs],
+                                                          tensors[stage.num_inputs:])
         ctx.stage, ctx.forward_id = stage, forward_id
         # Freed by PyTorch when this forward's graph is (after a backward without retain_graph, or when the
         # graph dies unused): the forward then ends and its lane is free again.
-        ctx.save_for_backward(front.native.release_sentinel(forward_id))
+        ctx.save_for_backward(sentinel)
         return tuple(o for o in outputs if o is not None)
 
     @staticmethod
@@ -481,10 +488,13 @@ class _GraphedCallables:
         for index, (callable_, sample_leaves, sample_spec, params, buffers, training, alias) in enumerate(stages_args):
             stage = _Stage(self, index, callable_, sample_leaves, sample_spec, params, buffers, training)
             self.stages.append(stage)
+            # Every slot aliases the backward graph's buffer in the step; run_backward copies what PyTorch
+            # would keep (see there), for the parameters whose gradients are owned.
+            stage.owned = [not a for a in alias]
             specs.append({"name": stage.name, "num_inputs": stage.num_inputs,
                           "num_params": len(params) + len(buffers), "forward": stage.forward_body,
                           "backward": stage.backward_body,
-                          "alias_slots": [True] * stage.num_inputs + alias + [False] * len(buffers)})
+                          "alias_slots": [True] * (stage.num_inputs + len(params) + len(buffers))})
         self.native = _native().GraphedCallables(specs, name, device, max_outstanding, max_recordings, warmup_calls,
                                                  generators)
 
@@ -493,9 +503,9 @@ class _GraphedCallables:
             self.templates_by_id.pop(forward_id, None)
 
     def run_forward(self, stage: _Stage, inputs, statics):
-        self._forget_ended()
         try:
-            outputs, forward_id, lane, node = self.native.forward(stage.index, list(inputs), list(statics))
+            outputs, forward_id, lane, node, sentinel, ended = self.native.forward(stage.index, list(inputs),
+                                                                                   list(statics))
         except torch.cuda.OutOfMemoryError as error:
             _add_note(error, _memory_note(self.name, self.native.dump()["lanes"]))
             raise
@@ -503,6 +513,8 @@ class _GraphedCallables:
             self.pending.clear()
             _add_note(error, f"graphalloc: {self.native.last_error}" if self.native.last_error else "")
             raise
+        for gone in ended:
+            self.templates_by_id.pop(gone, None)
         template = self.pending.pop(forward_id, None)
         self.pending.clear()
         if template is not None:
@@ -516,17 +528,27 @@ class _GraphedCallables:
         else:
             structure = self.structures[(lane, node)]
         self.last_structure = structure
-        return outputs, forward_id
+        return outputs, forward_id, sentinel
 
     def run_backward(self, stage: _Stage, forward_id: int, grads):
         try:
-            return self.native.backward(forward_id, list(grads))
+            slots = self.native.backward(forward_id, list(grads))
         except torch.cuda.OutOfMemoryError as error:
             _add_note(error, _memory_note(self.name, self.native.dump()["lanes"]))
             raise
         except BaseException as error:
             _add_note(error, f"graphalloc: {self.native.last_error}" if self.native.last_error else "")
             raise
+        # An owned parameter gradient is copied out of the graph's buffer when PyTorch would keep that very
+        # tensor: the parameter has no .grad (AccumulateGrad takes the tensor as .grad) or a hook may hold it.
+        # Otherwise AccumulateGrad adds it into .grad at once, and the buffer is free for the next replay.
+        first = stage.num_inputs
+        keep = [first + k for k, p in enumerate(stage.params)
+                if stage.owned[k] and slots[first + k] is not None and (p.grad is None or p._backward_hooks)]
+        if keep:
+            for k, copy in zip(keep, _native().clone_all([slots[k] for k in keep])):
+                slots[k] = copy
+        return slots
 
     def request_release(self, what: str, release: Callable[[], None]) -> None:
         """Runs `release` now, or, while a retained backward (retain_graph=True) of these callables may still

@@ -49,6 +49,36 @@ TEST_F(TreeFrontEndOptionsTest, AWarmupOutsideThePoolAllocatesNothingThereAndIts
   EXPECT_EQ(Read(out[0]), AffineRef(2.0f, Values(1), Values(2)));
 }
 
+TEST_F(TreeFrontEndOptionsTest, WhatWarmupsCachedOutsideThePoolIsReleasedBeforeARecording) {
+  auto tree = Tree([](TreeOptions& o) {
+    o.warmup_in_pool = false;
+    o.release_cache_before_recording = true;
+  });
+  constexpr std::size_t kTemp = std::size_t{32} << 20;
+  TreeFunction with_temp = [&](std::span<const BufferView> in,
+                               Stream s) -> absl::StatusOr<std::vector<BufferView>> {
+    GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr temp, allocator_->Allocate(kTemp, s));
+    GRAPHALLOC_RETURN_IF_ERROR(allocator_->Free(temp));
+    return Affine(2.0f)(in, s);
+  };
+  const FunctionId f = Register(*tree, with_temp, "with a temporary", {1});
+  const BufferView x = Upload(Values(1)), w = Upload(Values(2));
+  auto outside_pool = [&] {
+    absl::StatusOr<PoolStats> pool = allocator_->GetPoolStats(tree->pool().id());
+    EXPECT_TRUE(pool.ok()) << pool.status();
+    return static_cast<std::size_t>(allocator_->GetStats().reserved_bytes.all().current) -
+           (pool.ok() ? pool->reserved_bytes : 0);
+  };
+  ASSERT_OK(tree->Call(f, {x, w}, caller_).status());  // warmup: the temporary stays cached
+  EXPECT_GE(outside_pool(), kTemp);
+  tree->BeginStep();
+  ASSERT_OK_AND_ASSIGN(std::vector<TreeOutput> out, tree->Call(f, {x, w}, caller_));
+  EXPECT_EQ(tree->last_call().kind, TreeCallInfo::Kind::kRecord);
+  EXPECT_LT(outside_pool(), kTemp) << "the warmup's cached temporary went back before the recording";
+  EXPECT_EQ(Read(out[0]), AffineRef(2.0f, Values(1), Values(2)));
+  ASSERT_OK(allocator_->CheckInvariants());
+}
+
 TEST_F(TreeFrontEndOptionsTest, LastCallNamesTheNodeAReplayLaunched) {
   auto tree = Tree([](TreeOptions&) {});
   const FunctionId f = Register(*tree, Affine(2.0f), "affine", {1});
@@ -132,7 +162,8 @@ TEST_F(TreeFrontEndOptionsTest, AFailedRecordingStopsRecordingAndLeavesWhatItAll
   tree->BeginStep();
   absl::StatusOr<std::vector<TreeOutput>> failed = tree->Call(f, {x, w}, caller_);
   ASSERT_FALSE(failed.ok());
-  EXPECT_TRUE(absl::StrContains(failed.status().message(), "recording 'host sync' failed:")) << failed.status();
+  EXPECT_TRUE(absl::StrContains(failed.status().message(), "recording 'host sync' failed:"))
+      << failed.status();
   EXPECT_TRUE(absl::StrContains(failed.status().message(), "cannot be captured")) << failed.status();
   EXPECT_TRUE(tree->recording_disabled());
   ASSERT_EQ(warnings_.size(), 1u);

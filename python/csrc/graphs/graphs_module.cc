@@ -2,6 +2,8 @@
 // (python/graphalloc/torch_graphs.py is their user-facing side). Built against the PyTorch and Python
 // that will import it; it links libgraphalloc.so, so it shares the process's allocators with the PyTorch
 // backend (libgraphalloc_torch.so), which must be PyTorch's allocator.
+#include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/empty_like.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -91,6 +93,19 @@ PYBIND11_MODULE(_torch_graphs, m) {
   namespace py = pybind11;
   m.doc() = "graphalloc's PyTorch graph front ends (use graphalloc.torch.graphed / make_graphed_callables)";
 
+  // Owned copies of gradients in one multi-tensor copy (what a replay's aliased gradients become when
+  // PyTorch would keep them: a parameter without .grad, or a hook holding them).
+  m.def(
+      "clone_all",
+      [](const std::vector<at::Tensor>& sources) {
+        std::vector<at::Tensor> copies;
+        copies.reserve(sources.size());
+        for (const at::Tensor& t : sources) copies.push_back(at::empty_like(t));
+        at::_foreach_copy_(copies, sources);
+        return copies;
+      },
+      py::arg("sources"));
+
   py::class_<TorchGraphedFunction>(m, "GraphedFunction")
       .def(py::init([](py::function body, std::string name, int device, int max_recordings, int warmup_calls,
                        std::vector<at::Generator> generators) {
@@ -143,7 +158,10 @@ PYBIND11_MODULE(_torch_graphs, m) {
           [](TorchGraphedCallables& c, std::size_t stage,
              const std::vector<std::optional<at::Tensor>>& inputs, const std::vector<at::Tensor>& params) {
             TorchGraphedCallables::ForwardCall call = c.Forward(stage, inputs, params);
-            return py::make_tuple(py::cast(call.outputs), call.id, call.lane, call.node);
+            // With the forward's release sentinel and the forwards that ended meanwhile: one call per
+            // forward.
+            return py::make_tuple(py::cast(call.outputs), call.id, call.lane, call.node,
+                                  c.ReleaseSentinel(call.id), c.TakeEndedForwards());
           },
           py::arg("stage"), py::arg("inputs"), py::arg("params"))
       .def("backward", &TorchGraphedCallables::Backward, py::arg("forward_id"), py::arg("grad_outputs"))

@@ -62,6 +62,7 @@ TorchGraphedCallables::TorchGraphedCallables(std::vector<GraphedStage> stages,
   step.tree.warmup_in_pool = false;
   step.tree.fail_on_leftover_allocations = true;
   step.tree.stop_recording_after_failure = true;
+  step.tree.release_cache_before_recording = true;
   step.tree.eager_outputs_owned = false;
   step.tree.check_input_mutation = false;  // Python compares tensor versions instead
   step.tree.log = WarnInPython();

@@ -46,6 +46,7 @@ std::vector<std::optional<at::Tensor>> TorchGraphedFunction::Call(
     tree.warmup_in_pool = false;
     tree.fail_on_leftover_allocations = true;
     tree.stop_recording_after_failure = true;
+    tree.release_cache_before_recording = true;
     tree.eager_outputs_owned = false;
     tree.check_input_mutation = false;  // Python compares tensor versions instead (cheaper, exact)
     tree.log = WarnInPython();
