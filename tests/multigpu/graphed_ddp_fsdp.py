@@ -465,7 +465,6 @@ def run_graphed(r: Rank, check: str, build: Callable, data, set_to_none: bool, w
     end, or None after an error), error (one line), where (the call that raised), trees (tree_summary),
     warnings (what was warned, deduplicated)."""
     import graphalloc.torch as gat
-    import torch
     seed_run(r)
     setup = build()
     opt = make_optimizer(setup.module)
@@ -708,8 +707,9 @@ def timing_setup(r: Rank, base):
 def time_variant(r: Rank, kind: str) -> dict:
     import torch
     args = r.args
+    base = base_model(args)  # seeds with 0 (every rank the same model): the run's seeds come after it
     seed_run(r)
-    setup, set_to_none, warmups = timing_setup(r, base_model(args))
+    setup, set_to_none, warmups = timing_setup(r, base)
     if kind == "manual" and set_to_none:
         raise ValueError(f"--timing-config {args.timing_config} sets gradients to None at every step: a manual "
                          "capture would leave .grad None after its replays; use keep_grads or bucket_view")
@@ -822,10 +822,12 @@ def parse_args():
     t.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp")
     t.add_argument("--timing-config", default="keep_grads", help="the DDP configuration timed")
     t.add_argument("--timing-warmup", type=int, default=15, help="untimed steps (more than the warm-up calls)")
-    t.add_argument("--timing-steps", type=int, default=50, help="timed steps")
+    t.add_argument("--timing-steps", type=int, default=50, help="timed steps (at least 1)")
     t.add_argument("--torch-alloc-conf", default="expandable_segments:True",
                    help="PYTORCH_CUDA_ALLOC_CONF of the *-torch variants")
     args = p.parse_args()
+    if args.timing_steps < 1 or args.steps < 1:
+        p.error("--steps and --timing-steps must be at least 1")
     for names, known in ((args.ddp_configs, DDP_CONFIGS), (args.accum_configs, DDP_CONFIGS),
                          (args.fsdp_variants, FSDP_VARIANTS), (args.timing_config, DDP_CONFIGS),
                          (args.variants, TIMING_VARIANTS)):
