@@ -53,8 +53,11 @@ _native_module = None
 _front_ends: "weakref.WeakSet[Any]" = weakref.WeakSet()
 # TransformerEngine keyword arguments with no meaning here: accepted when they ask for nothing.
 _TE_ONLY = ("fp8_enabled", "fp8_calibrating", "fp8_recipe", "fp8_group", "fp8_weight_caching", "enabled",
-            "calibrating", "recipe", "amax_reduction_group", "cache_quantized_params",
-            "_reuse_graph_input_output_buffers", "capture_time_hooks", "capture_stream", "_num_layers_per_chunk")
+            "calibrating", "recipe", "amax_reduction_group", "cache_quantized_params", "capture_time_hooks",
+            "capture_stream")
+# TransformerEngine keyword arguments that need nothing here: _reuse_graph_input_output_buffers (the tree
+# reuses memory by liveness, and keeps what is still read), _num_layers_per_chunk (read with _order).
+_TE_ACCEPTED = ("_reuse_graph_input_output_buffers", "_num_layers_per_chunk")
 
 
 class GraphBackendError(RuntimeError):
@@ -258,7 +261,10 @@ class GraphedFunction:
         self._call = (leaves, spec, tensor_positions, params, len(statics), statics, arg_tensors)
         self._pending = None
         try:
-            outs = self._native.call(list(statics) + copied, len(statics), _constants_tag(spec, constants))
+            # Autocast decides the kernels a call records: its state is part of the key, as the arguments are.
+            autocast = (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
+            outs = self._native.call(list(statics) + copied, len(statics),
+                                     _constants_tag(spec, constants + [autocast]))
         except torch.cuda.OutOfMemoryError as error:
             _add_note(error, _memory_note(self._name, [self._native.dump()]))
             raise
@@ -604,6 +610,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, al
     lane; calls do not share pools); retain_graph_in_backward is not needed (every backward may be retained).
     """
     for key, value in te_options.items():
+        if key in _TE_ACCEPTED:
+            continue
         if key not in _TE_ONLY:
             raise TypeError(f"make_graphed_callables() got an unexpected keyword argument {key!r}")
         if value:
