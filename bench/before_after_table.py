@@ -18,7 +18,7 @@ import sys
 
 def load(directory, side):
     rows, context, skipped = {}, None, []
-    for path in sorted(glob.glob(os.path.join(directory, f"{side}_*.json"))):
+    for path in sorted(glob.glob(os.path.join(directory, f"{side}_[0-9]*.json"))):
         try:
             data = json.load(open(path))
         except json.JSONDecodeError:
@@ -51,8 +51,9 @@ def main():
         unit = a[0][1]
         b, a = [t for t, _ in b], [t for t, _ in a]
         mb, ma = statistics.median(b), statistics.median(a)
-        out.append({"benchmark": name, "unit": unit, "before": mb, "before_range": [min(b), max(b)], "after": ma,
-                    "after_range": [min(a), max(a)], "after_over_before": ma / mb, "rounds": [len(b), len(a)]})
+        out.append({"benchmark": name, "unit": unit, "before": mb, "before_range": [min(b), max(b)],
+                    "after": ma, "after_range": [min(a), max(a)], "after_over_before": ma / mb,
+                    "rounds": [len(b), len(a)]})
     ctx = context or {}
     print(f"host {ctx.get('host_name')}, {ctx.get('num_cpus')} CPUs, {ctx.get('date')}"
           + (f"; incomplete, skipped: {', '.join(skipped_b + skipped_a)}" if skipped_b + skipped_a else ""))
@@ -60,8 +61,10 @@ def main():
     print("|---|---|---:|---:|---:|---:|")
     for r in out:
         d = 2 if r["unit"] == "ms" else 1
-        print(f"| {r['benchmark']} | {r['unit']} | {r['before']:.{d}f} ({r['before_range'][0]:.{d}f}-{r['before_range'][1]:.{d}f}) "
-              f"| {r['after']:.{d}f} ({r['after_range'][0]:.{d}f}-{r['after_range'][1]:.{d}f}) "
+        lo_b, hi_b = r["before_range"]
+        lo_a, hi_a = r["after_range"]
+        print(f"| {r['benchmark']} | {r['unit']} | {r['before']:.{d}f} ({lo_b:.{d}f}-{hi_b:.{d}f}) "
+              f"| {r['after']:.{d}f} ({lo_a:.{d}f}-{hi_a:.{d}f}) "
               f"| {r['after_over_before']:.3f} | {r['rounds'][0]} / {r['rounds'][1]} |")
     if args.json:
         keep = {k: ctx.get(k) for k in ("date", "host_name", "num_cpus", "mhz_per_cpu", "library_build_type",

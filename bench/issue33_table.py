@@ -88,7 +88,8 @@ def hit(ga, c10):
         ours2, ours2_cv = value(ga, f"hit/graphalloc-cuda/{size}")
         asyn, asyn_cv = value(ga, f"hit/cudaMallocAsync/{size}")
         sim, sim_cv = value(ga, f"hit/graphalloc-sim/{size}")
-        print(f"| {label} | {cell(ours, ours_cv, digits=1)} | {cell(theirs, theirs_cv)} | {ratio(ours, theirs, 0.2)} "
+        print(f"| {label} | {cell(ours, ours_cv, digits=1)} | {cell(theirs, theirs_cv)} "
+              f"| {ratio(ours, theirs, 0.2)} "
               f"| {cell(ours2, ours2_cv, digits=1)} | {cell(asyn, asyn_cv)} | {ratio(ours2, asyn)} "
               f"| {cell(sim, sim_cv, digits=1)} |")
     print()

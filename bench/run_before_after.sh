@@ -24,15 +24,16 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$out"
 flags=(--benchmark_filter='^(hit|churn)/(graphalloc-sim|graphalloc-cuda|cudaMallocAsync)/'
        --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out_format=json "${extra[@]}")
-replay_flags=(--benchmark_filter='^replay(_warm)?/' --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
-              --benchmark_out_format=json "${extra[@]}")
+replay_flags=(--benchmark_filter='^replay(_warm)?/' --benchmark_repetitions=3
+              --benchmark_report_aggregates_only=true --benchmark_out_format=json "${extra[@]}")
 for ((r = 1; r <= rounds; ++r)); do
   for side in before after; do
     build=$before
     [[ $side == after ]] && build=$after
     "$build/bench/allocator_bench" "${flags[@]}" --benchmark_out="$out/${side}_$r.json" > /dev/null
     if [[ -x "$before/bench/replay_bench" && -x "$after/bench/replay_bench" ]]; then
-      "$build/bench/replay_bench" "${replay_flags[@]}" --benchmark_out="$out/${side}_${r}_replay.json" > /dev/null
+      "$build/bench/replay_bench" "${replay_flags[@]}" --benchmark_out="$out/${side}_${r}_replay.json" \
+        > /dev/null
     fi
   done
   echo "$0: round $r of $rounds done" >&2
