@@ -72,6 +72,9 @@ struct alignas(64) Block {
   // Allocated and held (CachingAllocator::HoldBlock: mapped by another process): a Free() waits for the
   // last hold to go.
   bool held : 1 = false;
+  // In its shard's pointer map: every allocated block, and a block parked straight from a free until it
+  // leaves the quick cache (StreamShard::AddToPointerMap).
+  bool in_pointer_map : 1 = false;
 
   bool IsSplit() const { return prev != nullptr || next != nullptr; }
   // Every block of a segment belongs to the segment's stream.
@@ -82,7 +85,7 @@ struct alignas(64) Block {
     size = requested_size = 0;
     segment = nullptr;
     prev = next = nullptr;
-    allocated = freeing = in_quick = in_flight = held = false;
+    allocated = freeing = in_quick = in_flight = held = in_pointer_map = false;
     mapped = true;
     event_count = 0;
     stream_uses.clear();

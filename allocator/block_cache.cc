@@ -156,7 +156,7 @@ HOT DevicePtr BlockCache::MarkAllocated(StreamShard& shard, Block* block, bool s
                                         const AllocationRequest& request) {
   block->allocated = true;
   block->requested_size = request.requested;
-  shard.allocated.Insert(block->ptr, block);
+  if (!block->in_pointer_map) shard.AddToPointerMap(block);  // a parked block kept its entry
   const stat_events::BlockFigures figures = FiguresOf(block, small);
   if (shard.pool != nullptr) shard.pool->AddAllocated(figures.bytes, 1);
   stat_events::BlockAllocated(shard.stats, figures);
@@ -167,7 +167,7 @@ HOT DevicePtr BlockCache::MarkAllocated(StreamShard& shard, Block* block, bool s
 // ---- Freeing. ----
 
 void BlockCache::Free(StreamShard& shard, Block* block) {
-  shard.allocated.Erase(block->ptr);
+  // The pointer-map entry goes in InsertFree, unless the block is parked (stream_shard.h).
   block->allocated = false;
   CountFreed(shard, block);
   Release(shard, block);
@@ -198,6 +198,7 @@ HOT void BlockCache::InsertFree(StreamShard& shard, Block* block) {
     }
     return;
   }
+  shard.RemoveFromPointerMap(block);  // before merging moves its address
   // Merging must see neighbours as they would be: parked blocks merge first. `block` is in neither free
   // list yet, so it is held out of that flush (as if still allocated) and merges below, with the stats.
   block->allocated = true;
@@ -219,10 +220,11 @@ HOT void BlockCache::InsertFree(StreamShard& shard, Block* block) {
   pool.Insert(block);
 }
 
-bool BlockCache::TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool) {
+HOT bool BlockCache::TryMerge(StreamShard& shard, Block* dst, Block* src, BlockPool& pool) {
   if (!Mergeable(dst, src)) return false;
   if (src->in_quick) {
     shard.quick.Remove(src);
+    shard.RemoveFromPointerMap(src);
   } else if (!src->mapped) {
     pool.unmapped.erase(src->ptr);
   } else {
@@ -246,6 +248,7 @@ void BlockCache::FlushQuickCache(StreamShard& shard) {
   // Statistics already count parked blocks as merged with their free neighbours: merging them now changes
   // the layout, not the numbers.
   shard.quick.Drain([&](Block* b) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    shard.RemoveFromPointerMap(b);
     BlockPool& pool = *b->segment->pool;
     // A run may alternate parked and indexed blocks: absorb neighbours until none is free.
     while (TryMerge(shard, b, b->prev, pool)) {

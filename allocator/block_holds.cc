@@ -77,7 +77,7 @@ absl::Status CachingAllocator::ReleaseHold(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_
   }
   // The owner freed it while held: that free completes now.
   block->freeing = false;
-  if (!block->stream_uses.empty()) return FreeUsedOnOtherStreams(*shard, ptr, block);
+  if (!block->stream_uses.empty()) return FreeUsedOnOtherStreams(*shard, block);
   blocks_.Free(*shard, block);
   const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();

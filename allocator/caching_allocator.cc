@@ -194,7 +194,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
 StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
   auto try_shard = [&](StreamShard* shard) {
     shard->mu.Lock();
-    if (Block* found = shard->allocated.Find(ptr)) {
+    // A free block parked in the quick cache keeps its entry (stream_shard.h): not a live pointer.
+    if (Block* found = shard->allocated.Find(ptr); found != nullptr && found->allocated) {
       *block = found;
       return true;
     }
@@ -224,7 +225,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
     return UnknownPointerError("Free", ptr);
   }
   RecordBlockEvent(history_, HistoryAction::kFreeRequested, block);
-  if (!block->stream_uses.empty() || block->held) return FreeUsedOnOtherStreams(*shard, ptr, block);
+  if (!block->stream_uses.empty() || block->held) return FreeUsedOnOtherStreams(*shard, block);
   blocks_.Free(*shard, block);
   const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();

@@ -288,9 +288,8 @@ class CachingAllocator {
   // Free() of a block recorded on other streams or held (its shard locked; unlocked on return): a held one
   // waits for its last hold (ReleaseHold); else deferred while a capture is underway, else an event on
   // each of those streams holds it until their work is done.
-  absl::Status FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block)
-      ABSL_UNLOCK_FUNCTION(shard.mu);
-  absl::Status FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block);
+  absl::Status FreeUsedOnOtherStreams(StreamShard& shard, Block* block) ABSL_UNLOCK_FUNCTION(shard.mu);
+  absl::Status FreeWithStreamUses(StreamShard& shard, Block* block);
   void ProcessEvents(StreamShard& shard);
   absl::Status SynchronizeAndFreeEvents();
   void CompleteEvent(StreamShard& shard, const PendingEvent& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);

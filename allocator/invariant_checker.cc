@@ -138,9 +138,10 @@ absl::Status InvariantChecker::CheckChunks(const Segment* segment, Intervals* ch
 absl::Status InvariantChecker::CheckShard(const StreamShard* shard,
                                           const ShardExpectation& e) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   const std::string scope = absl::StrFormat("stream 0x%x", static_cast<std::uintptr_t>(shard->stream));
-  if (e.allocated_blocks != shard->allocated.size()) {
-    return InvariantViolation(absl::StrFormat("%s: pointer map holds %d entries for %d allocated blocks",
-                                              scope, shard->allocated.size(), e.allocated_blocks));
+  if (e.pointer_map_entries != shard->allocated.size()) {
+    return InvariantViolation(absl::StrFormat("%s: pointer map holds %d entries for %d blocks (%d allocated)",
+                                              scope, shard->allocated.size(), e.pointer_map_entries,
+                                              e.allocated_blocks));
   }
   const std::size_t unmapped = shard->small_pool.unmapped.size() + shard->large_pool.unmapped.size();
   if (unmapped != e.unmapped_blocks) {

@@ -52,6 +52,7 @@ class InvariantChecker {
   struct ShardExpectation {
     DeviceStats stats;
     std::size_t allocated_blocks = 0;
+    std::size_t pointer_map_entries = 0;  // allocated blocks and parked blocks that kept their entry
     std::size_t indexed_blocks = 0;
     std::size_t quick_blocks = 0;
     std::size_t blocks = 0;

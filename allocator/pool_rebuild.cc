@@ -134,7 +134,7 @@ void PoolRestorer::TearDownChain(Segment* segment, Rebuild& r) {
     Block* next = b->next;
     if (b->allocated) {
       r.live_before.push_back({b->ptr, b->size, b->stream(), b->requested_size});
-      shard.allocated.Erase(b->ptr);
+      shard.RemoveFromPointerMap(b);
       r.delta->out.AddAllocated(blocks_.FiguresOf(b, bp.is_small));
     } else {
       if (b->mapped) {
@@ -200,7 +200,7 @@ void PoolRestorer::BuildChain(Segment* segment, Rebuild& r) {
     if (p.allocated) {
       b->allocated = true;
       b->requested_size = p.requested;
-      shard.allocated.Insert(b->ptr, b);
+      shard.AddToPointerMap(b);
       r.delta->in.AddAllocated(blocks_.FiguresOf(b, bp.is_small));
     } else if (p.mapped) {
       b->gc_count_base = bp.free_block_lookups;

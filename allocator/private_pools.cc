@@ -235,7 +235,7 @@ absl::Status CachingAllocator::EndRoute(std::uint64_t route_id) {
 absl::Status CachingAllocator::RunDeferredFrees() {
   absl::Status first_error;
   for (auto& [shard, block] : routes_.TakeDeferredFrees(captures_)) {
-    absl::Status s = FreeWithStreamUses(*shard, block->ptr, block);
+    absl::Status s = FreeWithStreamUses(*shard, block);
     if (s.ok()) continue;
     // The block stays allocated (FreeWithStreamUses' guarantee); its owner already let go of it, so it
     // waits for the next attempt rather than leaking.

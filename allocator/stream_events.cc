@@ -9,7 +9,7 @@
 
 namespace graphalloc {
 
-absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block) {
+absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, Block* block) {
   // Marked at once, so that a concurrent second Free of the same pointer is refused.
   block->freeing = true;
   // A held block stays allocated: the last ReleaseHold() completes this free.
@@ -24,7 +24,7 @@ absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, Device
     return absl::OkStatus();
   }
   shard.mu.Unlock();
-  if (absl::Status s = FreeWithStreamUses(shard, ptr, block); !s.ok()) return s;
+  if (absl::Status s = FreeWithStreamUses(shard, block); !s.ok()) return s;
   PoolId last_of_orphan = kDefaultPool;
   {
     SpinLockHolder lock(&shard.mu);
@@ -34,7 +34,7 @@ absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, Device
   return absl::OkStatus();
 }
 
-absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block) {
+absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, Block* block) {
   absl::InlinedVector<Stream, 2> streams;
   absl::InlinedVector<Event, 2> events;
   {
@@ -76,7 +76,7 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
   block->freeing = false;
   // On failure the block stays allocated, exactly as before the call.
   if (!status.ok()) return status;
-  shard.allocated.Erase(ptr);
+  shard.RemoveFromPointerMap(block);
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->requested_size,
                   static_cast<std::uint64_t>(block->stream()), 0);
   block->allocated = false;

@@ -39,6 +39,20 @@ struct alignas(64) StreamShard {
     return IsSmall(rounded) ? small_pool : large_pool;
   }
 
+  // The pointer map holds every allocated block. A block freed into the quick cache keeps its entry until
+  // it leaves the cache other than by being handed out again (BlockCache): a cache hit, a free and the
+  // allocation that takes the block back, then writes nothing to the map, which was a ninth of the pair's
+  // instructions. Lookups therefore check Block::allocated.
+  void AddToPointerMap(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    allocated.Insert(b->ptr, b);
+    b->in_pointer_map = true;
+  }
+  void RemoveFromPointerMap(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!b->in_pointer_map) return;
+    allocated.Erase(b->ptr);
+    b->in_pointer_map = false;
+  }
+
   // Identity, read without a lock by the allocator's shard lookup. It changes only when the shard of a
   // released private pool is reused for another (pool, stream), with no block left in it; `generation`
   // counts those changes so that cached lookups can tell.
@@ -54,7 +68,7 @@ struct alignas(64) StreamShard {
   BlockPool large_pool ABSL_GUARDED_BY(mu){false};
   QuickCache quick ABSL_GUARDED_BY(mu);
   BlockArena arena ABSL_GUARDED_BY(mu);
-  PointerMap allocated ABSL_GUARDED_BY(mu);
+  PointerMap allocated ABSL_GUARDED_BY(mu);  // through AddToPointerMap and RemoveFromPointerMap only
   // Statistics of the blocks of this stream (allocation, active, inactive_split, ... - the per-block ones;
   // the per-segment ones live with the allocator).
   DeviceStats stats ABSL_GUARDED_BY(mu);

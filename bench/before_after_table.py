@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The before/after table of bench/run_before_after.sh: reads DIR/before_R.json and DIR/after_R.json (Google
 Benchmark JSON with aggregates), and prints, per benchmark both sides ran, the median over rounds of each
-round's median, the range over rounds, and after / before. With --json FILE, also writes those figures and
+round's median, the range over rounds, and after / before (in each benchmark's own unit: ns for the hit
+path and churn, ms for trace replays). With --json FILE, also writes those figures and
 the benchmark context as one compact JSON file. A round whose JSON is incomplete (a killed run) is skipped
 and named.
 
@@ -17,7 +18,7 @@ import sys
 
 def load(directory, side):
     rows, context, skipped = {}, None, []
-    for path in sorted(glob.glob(os.path.join(directory, f"{side}_*.json"))):
+    for path in sorted(glob.glob(os.path.join(directory, f"{side}_[0-9]*.json"))):
         try:
             data = json.load(open(path))
         except json.JSONDecodeError:
@@ -29,7 +30,7 @@ def load(directory, side):
                 continue
             # Churn reports CPU time (its harness pauses timing); the rest wall time.
             t = b["cpu_time"] if b["run_name"].startswith("churn") else b["real_time"]
-            rows.setdefault(b["run_name"], []).append(t)
+            rows.setdefault(b["run_name"].replace("/real_time", ""), []).append((t, b.get("time_unit", "ns")))
     return rows, context, skipped
 
 
@@ -47,17 +48,23 @@ def main():
         b = before.get(name)
         if not b:
             continue
+        unit = a[0][1]
+        b, a = [t for t, _ in b], [t for t, _ in a]
         mb, ma = statistics.median(b), statistics.median(a)
-        out.append({"benchmark": name, "before_ns": mb, "before_range": [min(b), max(b)], "after_ns": ma,
-                    "after_range": [min(a), max(a)], "after_over_before": ma / mb, "rounds": [len(b), len(a)]})
+        out.append({"benchmark": name, "unit": unit, "before": mb, "before_range": [min(b), max(b)],
+                    "after": ma, "after_range": [min(a), max(a)], "after_over_before": ma / mb,
+                    "rounds": [len(b), len(a)]})
     ctx = context or {}
     print(f"host {ctx.get('host_name')}, {ctx.get('num_cpus')} CPUs, {ctx.get('date')}"
           + (f"; incomplete, skipped: {', '.join(skipped_b + skipped_a)}" if skipped_b + skipped_a else ""))
-    print("| benchmark | before ns (range) | after ns (range) | after / before | rounds |")
-    print("|---|---:|---:|---:|---:|")
+    print("| benchmark | unit | before (range) | after (range) | after / before | rounds |")
+    print("|---|---|---:|---:|---:|---:|")
     for r in out:
-        print(f"| {r['benchmark']} | {r['before_ns']:.1f} ({r['before_range'][0]:.1f}-{r['before_range'][1]:.1f}) "
-              f"| {r['after_ns']:.1f} ({r['after_range'][0]:.1f}-{r['after_range'][1]:.1f}) "
+        d = 2 if r["unit"] == "ms" else 1
+        lo_b, hi_b = r["before_range"]
+        lo_a, hi_a = r["after_range"]
+        print(f"| {r['benchmark']} | {r['unit']} | {r['before']:.{d}f} ({lo_b:.{d}f}-{hi_b:.{d}f}) "
+              f"| {r['after']:.{d}f} ({lo_a:.{d}f}-{hi_a:.{d}f}) "
               f"| {r['after_over_before']:.3f} | {r['rounds'][0]} / {r['rounds'][1]} |")
     if args.json:
         keep = {k: ctx.get(k) for k in ("date", "host_name", "num_cpus", "mhz_per_cpu", "library_build_type",

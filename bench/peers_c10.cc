@@ -5,6 +5,7 @@
 //   hit/c10/<bytes>                   c10 raw_alloc_with_stream + raw_delete of one size on one stream
 //   churn/c10/<live>                  the churn workload of allocator_bench (same sizes, same seed)
 //   replay/<impl>/<trace>             the shipped traces (traces/*.csv.gz) replayed from an empty allocator
+//   replay_settled/<impl>/<trace>     ... the same, the device settled after each release
 //   replay_warm/<impl>/<trace>        ... and with the cache the previous replay left; <impl> is
 //                                     graphalloc-cuda or c10_<config> (bench/trace_replay_support.h)
 //
@@ -213,8 +214,8 @@ int Main(int argc, char** argv) {
       trace_streams = std::make_unique<TraceStreams>(gpu->driver);
       graphalloc_replay = std::make_unique<GraphallocReplayTarget>(gpu->driver, trace_streams.get());
       c10_replay = std::make_unique<C10ReplayTarget>(trace_streams.get());
-      RegisterReplays(gpu->Impl(), graphalloc_replay.get(), *programs);
-      RegisterReplays(c10_impl, c10_replay.get(), *programs);
+      RegisterReplays(gpu->Impl(), graphalloc_replay.get(), *programs, /*real_device=*/true);
+      RegisterReplays(c10_impl, c10_replay.get(), *programs, /*real_device=*/true);
     }
   }
 

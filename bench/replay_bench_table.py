@@ -3,10 +3,11 @@
 
 Usage: replay_bench_table.py FILE.json [FILE.json ...]
 
-Reads rows named "replay/<impl>/<trace>" and "replay_warm/<impl>/<trace>" (the "_median" aggregates when
-the run had repetitions, else the plain rows) and prints, per mode and trace, the time per replay (ms) and
-per operation (ns) of each implementation, and graphalloc-cuda / c10_<config> where both ran in one process
-(one peers_c10 run per c10 configuration). Target (issue 4): graphalloc at most 1/3 of c10's time.
+Reads rows named "replay/<impl>/<trace>", "replay_settled/<impl>/<trace>" and "replay_warm/<impl>/<trace>"
+(the "_median" aggregates when the run had repetitions, else the plain rows) and prints, per mode and trace,
+the time per replay (ms) and per operation (ns) of each implementation, and graphalloc-cuda / c10_<config>
+where both ran in one process (one peers_c10 run per c10 configuration). Target (issue 4): graphalloc at most
+1/3 of c10's time.
 """
 import json
 import os
@@ -16,6 +17,7 @@ import sys
 TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
 MODES = {
     "replay": "Replay from an empty allocator (cache emptied between replays, untimed)",
+    "replay_settled": "Replay from an empty allocator, the device settled after each release (untimed pause)",
     "replay_warm": "Replay with the cache the previous replay left (steady state)",
 }
 
@@ -31,7 +33,7 @@ def load(paths):
         for b in data.get("benchmarks", []):
             if b.get("error_occurred") or b.get("skipped"):
                 continue
-            m = re.match(r"^(replay|replay_warm)/([^/]+)/([^/]+)", b.get("run_name", b["name"]))
+            m = re.match(r"^(replay|replay_settled|replay_warm)/([^/]+)/([^/]+)", b.get("run_name", b["name"]))
             if not m:
                 continue
             key = m.groups()

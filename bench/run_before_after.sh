@@ -6,7 +6,10 @@
 #
 # Default: 3 rounds of 5 repetitions each, the hit path and churn of graphalloc (simulated device and GPU)
 # and cudaMallocAsync (a peer whose code does not change: how far it moves between the two sides' turns is
-# the machine's noise). OUT_DIR gets before_R.json, after_R.json, summary.md and before_after.json.
+# the machine's noise), and, where both builds have replay_bench, 3 repetitions of the shipped traces'
+# replays from an empty allocator and with the cache kept (replay/, replay_warm/; each replay's driver calls
+# are in its JSON rows). OUT_DIR gets before_R.json, after_R.json (and before_R_replay.json,
+# after_R_replay.json), summary.md and before_after.json.
 # To build an older commit beside the current one: `git worktree add /tmp/before REV` and build its
 # allocator_bench target.
 set -euo pipefail
@@ -21,11 +24,17 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$out"
 flags=(--benchmark_filter='^(hit|churn)/(graphalloc-sim|graphalloc-cuda|cudaMallocAsync)/'
        --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_out_format=json "${extra[@]}")
+replay_flags=(--benchmark_filter='^replay(_warm)?/' --benchmark_repetitions=3
+              --benchmark_report_aggregates_only=true --benchmark_out_format=json "${extra[@]}")
 for ((r = 1; r <= rounds; ++r)); do
   for side in before after; do
     build=$before
     [[ $side == after ]] && build=$after
     "$build/bench/allocator_bench" "${flags[@]}" --benchmark_out="$out/${side}_$r.json" > /dev/null
+    if [[ -x "$before/bench/replay_bench" && -x "$after/bench/replay_bench" ]]; then
+      "$build/bench/replay_bench" "${replay_flags[@]}" --benchmark_out="$out/${side}_${r}_replay.json" \
+        > /dev/null
+    fi
   done
   echo "$0: round $r of $rounds done" >&2
 done

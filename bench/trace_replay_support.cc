@@ -132,11 +132,20 @@ absl::StatusOr<std::vector<Stream>> TraceStreams::For(const ReplayProgram& progr
 }
 
 std::string ReplayName(ReplayMode mode, const std::string& impl, const std::string& trace) {
-  return absl::StrCat(mode == ReplayMode::kCold ? "replay/" : "replay_warm/", impl, "/", trace);
+  const char* prefix = mode == ReplayMode::kCold      ? "replay/"
+                       : mode == ReplayMode::kSettled ? "replay_settled/"
+                                                      : "replay_warm/";
+  return absl::StrCat(prefix, impl, "/", trace);
+}
+
+std::chrono::milliseconds SettlePause(std::uint64_t peak_live_bytes) {
+  const double gib = static_cast<double>(peak_live_bytes) / static_cast<double>(std::uint64_t{1} << 30);
+  return kSettleBase + std::chrono::milliseconds(static_cast<std::int64_t>(gib * kSettlePerGiB.count()));
 }
 
 absl::Status GraphallocReplayTarget::Prepare(const ReplayProgram& program) {
   allocator_.reset();
+  if (timed_ != nullptr) timed_->Reset();
   absl::StatusOr<Config> config = Config::FromEnvironment();
   if (!config.ok()) return config.status();
   absl::StatusOr<std::unique_ptr<CachingAllocator>> allocator = CachingAllocator::Create(driver_, *config);
@@ -155,6 +164,19 @@ void GraphallocReplayTarget::Finish(benchmark::State& state) {
   const auto peak = static_cast<double>(allocator_->GetStats().reserved_bytes.all().peak);
   state.counters["peak_reserved_bytes"] = peak;
   if (peak_live_bytes_ != 0) state.counters["ratio"] = peak / static_cast<double>(peak_live_bytes_);
+  if (timed_ != nullptr && state.iterations() > 0) {
+    // Per timed replay: how many calls of each kind, and their wall time.
+    const double n = static_cast<double>(state.iterations());
+    for (int k = 0; k < kDriverCallKinds; ++k) {
+      const CallTotals& t = timed_->Totals(TimedDriver::Phase::kTimed, static_cast<DriverCall>(k));
+      if (t.calls == 0) continue;
+      const std::string name = DriverCallName(static_cast<DriverCall>(k));
+      state.counters[name + "_n"] = static_cast<double>(t.calls) / n;
+      state.counters[name + "_us"] = static_cast<double>(t.wall_ns) / 1e3 / n;
+    }
+    state.counters["driver_us"] =
+        static_cast<double>(timed_->Sum(TimedDriver::Phase::kTimed).wall_ns) / 1e3 / n;
+  }
   allocator_.reset();  // gives every segment back
 }
 

@@ -2,14 +2,18 @@
 // replay_bench (graphalloc on the simulated device and the GPU) and peers_c10 (PyTorch's c10 allocator
 // beside graphalloc on the GPU, in one process).
 //
-// Benchmarks: "replay/<impl>/<trace>" and "replay_warm/<impl>/<trace>", one iteration = one replay of
-// the whole trace; time per replay (ms), counters per replay:
+// Benchmarks: "replay/<impl>/<trace>", "replay_settled/<impl>/<trace>" (real devices only) and
+// "replay_warm/<impl>/<trace>", one iteration = one replay of the whole trace; time per replay (ms),
+// counters per replay:
 //   ops             allocate + free calls made (the trace's alloc and free_completed rows)
 //   allocs, frees   the two kinds
 //   ns_per_op       the timed replay's wall time divided by ops
 //   streams         distinct streams the trace uses
 //   peak_live_bytes the trace's own peak of live bytes
-// graphalloc adds peak_reserved_bytes and its ratio to peak_live_bytes.
+// graphalloc adds peak_reserved_bytes and its ratio to peak_live_bytes, and, where its target was made with
+// `split` (replay_bench), the driver calls of each timed replay by kind (bench/timed_driver.h): create_n,
+// map_n, access_n, unmap_n, release_n, ... with their wall time (<call>_us) and their sum (driver_us):
+// which call a replay from an empty allocator spends its time in.
 //
 // What is timed: only the allocate and free calls, in the trace's order, from a precompiled list of
 // operations (CompileReplay: the trace is read once with the library's ReadTrace and validated with its
@@ -23,6 +27,16 @@
 //                 from a fresh process, device-memory calls (cuMemCreate & co., cudaMalloc) included.
 //                 Without the EmptyCache every iteration after the first would be all cache hits and
 //                 the first would count for almost nothing, so iterations would not be comparable.
+//                 The replay starts right after the release, as a wake of a discarded pool would.
+//   replay_settled/  the same, but the untimed teardown then waits for the device to settle (kSettleBase
+//                 plus kSettlePerGiB per GiB of the trace's peak live bytes) before the next replay: the
+//                 driver clears physical memory released with cuMemRelease in the background, and memory
+//                 created meanwhile waits for it (docs/benchmarks.md: cuMemCreate of a 512 MiB handle
+//                 took ~1 ms right after a release against ~0.17 ms once settled; copies ran ~2.5 ms per
+//                 GiB released slower, normal again 300 ms after a 1 GiB release). A process starting, or
+//                 a first training step, finds the device settled. A fixed kSettledIterations per
+//                 repetition keeps the waits bounded. Registered on real devices only (the simulated
+//                 device clears nothing).
 //   replay_warm/  one untimed replay first, then iterations that start with the cache as the previous
 //                 replay left it (what the trace left live is freed, untimed): the steady state of a
 //                 training or serving loop, where the allocator rarely asks the device for memory.
@@ -41,11 +55,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "bench/timed_driver.h"
 #include "graphalloc/allocator/caching_allocator.h"
 #include "graphalloc/allocator/device/driver.h"
 #include "graphalloc/allocator/trace/trace_reader.h"
@@ -94,7 +110,15 @@ class TraceStreams {
   absl::flat_hash_map<std::uint64_t, Stream> streams_;
 };
 
-enum class ReplayMode { kCold, kWarm };
+enum class ReplayMode { kCold, kSettled, kWarm };
+
+// replay_settled/ (see the top comment): the pause after each untimed teardown, and the iterations per
+// repetition. 300 ms after a 1 GiB release copies ran at full speed again; the per-GiB part scales that
+// with the memory the teardown released, with margin (gpt2_train, 7.2 GiB: 460 ms a pause).
+inline constexpr std::chrono::milliseconds kSettleBase{100};
+inline constexpr std::chrono::milliseconds kSettlePerGiB{50};
+inline constexpr int kSettledIterations = 3;
+std::chrono::milliseconds SettlePause(std::uint64_t peak_live_bytes);
 
 std::string ReplayName(ReplayMode mode, const std::string& impl, const std::string& trace);
 
@@ -127,6 +151,8 @@ std::size_t RunReplay(const ReplayProgram& program, std::uintptr_t* slots, Targe
 //   std::string Error()                            what the last failure was
 //   absl::Status EmptyCache()
 //   void Finish(benchmark::State&)                 untimed: its own counters; give every byte back
+// and optionally
+//   void SetTimed(bool)                            the timed replay begins (true) or ends (false)
 template <class Target>
 void BM_Replay(benchmark::State& state, Target* target, const ReplayProgram* program, ReplayMode mode) {
   std::vector<std::uintptr_t> slots(program->slots, 0);
@@ -151,20 +177,28 @@ void BM_Replay(benchmark::State& state, Target* target, const ReplayProgram* pro
     state.SkipWithError(("replay setup failed: " + s.ToString()).c_str());
     return;
   }
+  auto set_timed = [target](bool timed) {
+    if constexpr (requires { target->SetTimed(true); }) target->SetTimed(timed);
+  };
+  const bool empty_each = mode != ReplayMode::kWarm;
   if (mode == ReplayMode::kWarm && replay("warm-up replay")) free_left();
+  if (mode == ReplayMode::kSettled) std::this_thread::sleep_for(SettlePause(program->peak_live_bytes));
   std::int64_t timed_ns = 0;
   if (error.empty()) {
     for (auto _ : state) {
+      set_timed(true);
       const auto t0 = std::chrono::steady_clock::now();
       const bool ok = replay("replay");
       timed_ns +=
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      set_timed(false);
       if (!ok) break;
       state.PauseTiming();
       free_left();
-      if (mode == ReplayMode::kCold && error.empty()) {
+      if (empty_each && error.empty()) {
         if (absl::Status s = target->EmptyCache(); !s.ok()) error = "EmptyCache failed: " + s.ToString();
       }
+      if (mode == ReplayMode::kSettled) std::this_thread::sleep_for(SettlePause(program->peak_live_bytes));
       state.ResumeTiming();
       if (!error.empty()) break;
     }
@@ -186,26 +220,32 @@ void BM_Replay(benchmark::State& state, Target* target, const ReplayProgram* pro
   target->Finish(state);
 }
 
-// Registers replay/ and replay_warm/ of every program for one implementation; `target` and `programs` must
-// outlive the benchmark run.
+// Registers replay/, replay_settled/ (when `real_device`) and replay_warm/ of every program for one
+// implementation; `target` and `programs` must outlive the benchmark run.
 template <class Target>
-void RegisterReplays(const std::string& impl, Target* target, const std::vector<ReplayProgram>& programs) {
-  for (ReplayMode mode : {ReplayMode::kCold, ReplayMode::kWarm}) {
+void RegisterReplays(const std::string& impl, Target* target, const std::vector<ReplayProgram>& programs,
+                     bool real_device) {
+  for (ReplayMode mode : {ReplayMode::kCold, ReplayMode::kSettled, ReplayMode::kWarm}) {
+    if (mode == ReplayMode::kSettled && !real_device) continue;
     for (const ReplayProgram& program : programs) {
-      benchmark::RegisterBenchmark(ReplayName(mode, impl, program.name).c_str(), BM_Replay<Target>, target,
-                                   &program, mode)
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
+      auto* b = benchmark::RegisterBenchmark(ReplayName(mode, impl, program.name).c_str(), BM_Replay<Target>,
+                                             target, &program, mode);
+      b->Unit(benchmark::kMillisecond)->UseRealTime();
+      if (mode == ReplayMode::kSettled) b->Iterations(kSettledIterations);
     }
   }
 }
 
 // graphalloc as a replay target: a fresh CachingAllocator per benchmark (Config::FromEnvironment, i.e.
-// GRAPHALLOC_CONF or the defaults), on `driver`, with streams from `streams`.
+// GRAPHALLOC_CONF or the defaults), on `driver`, with streams from `streams`. With `split`, the allocator's
+// driver calls go through a TimedDriver and each timed replay's calls are reported by kind (top comment):
+// a few clock reads per driver call, under 1% of a replay from an empty allocator, nothing on a cache hit.
 class GraphallocReplayTarget {
  public:
-  GraphallocReplayTarget(std::shared_ptr<Driver> driver, TraceStreams* streams)
-      : driver_(std::move(driver)), streams_(streams) {}
+  GraphallocReplayTarget(std::shared_ptr<Driver> driver, TraceStreams* streams, bool split = false)
+      : driver_(split ? std::make_shared<TimedDriver>(driver) : driver), streams_(streams) {
+    if (split) timed_ = static_cast<TimedDriver*>(driver_.get());
+  }
 
   absl::Status Prepare(const ReplayProgram& program);
   std::uintptr_t Alloc(std::size_t size, std::uint16_t stream) {
@@ -226,10 +266,14 @@ class GraphallocReplayTarget {
   }
   std::string Error() const { return error_; }
   absl::Status EmptyCache() { return allocator_->EmptyCache(); }
+  void SetTimed(bool timed) {
+    if (timed_ != nullptr) timed_->SetPhase(timed ? TimedDriver::Phase::kTimed : TimedDriver::Phase::kNone);
+  }
   void Finish(benchmark::State& state);
 
  private:
   std::shared_ptr<Driver> driver_;
+  TimedDriver* timed_ = nullptr;  // driver_, when split
   TraceStreams* streams_;
   std::unique_ptr<CachingAllocator> allocator_;
   std::vector<Stream> stream_of_;

@@ -14,16 +14,8 @@
 #include <string>
 #include <thread>
 #include <vector>
-#define CK(x)                                \
-  do {                                       \
-    CUresult rc_ = (x);                      \
-    if (rc_ != CUDA_SUCCESS) {               \
-      const char* s;                         \
-      cuGetErrorString(rc_, &s);             \
-      std::printf("%s failed: %s\n", #x, s); \
-      std::exit(1);                          \
-    }                                        \
-  } while (0)
+
+#include "probe_check.h"
 using Clock = std::chrono::steady_clock;
 static CUmemAllocationProp prop{};
 static CUmemAccessDesc acc{};

@@ -271,6 +271,31 @@ TEST_F(CachingAllocatorTest, DoubleFreeIsAnError) {
   FreeOk(b);
 }
 
+TEST_F(CachingAllocatorTest, AFreedBlockWaitingInTheQuickCacheIsNotLive) {
+  // A block freed into the quick cache keeps its pointer-map entry until it leaves the cache
+  // (stream_shard.h): its pointer must still read as freed, and the next request of its size takes it back.
+  GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
+  Stream other = NewStream();
+  DevicePtr a = Alloc(4096);
+  DevicePtr b = Alloc(4096);
+  FreeOk(a);
+  ExpectInvariants();
+  absl::Status s = allocator_->RecordStream(a, other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("the block at this address is not allocated (it was freed already)"));
+  s = allocator_->Free(a);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("double free"));
+  EXPECT_EQ(Alloc(4096), a);
+  EXPECT_EQ(Stats().allocation.all().current, 2);
+  ExpectInvariants();
+  FreeOk(b);  // not parked (a is): merges with the free rest of the segment, and takes a's entry out too
+  ExpectInvariants();
+  FreeOk(a);
+  ExpectInvariants();
+  EXPECT_EQ(Stats().allocation.all().current, 0);
+}
+
 TEST_F(CachingAllocatorTest, FreeOfAnInteriorPointerIsAnError) {
   GRAPHALLOC_ALLOCATOR_SETUP(RegularSegments());
   DevicePtr a = Alloc(4096);

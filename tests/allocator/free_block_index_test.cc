@@ -1,5 +1,6 @@
-// The free-block index against a reference ordered set: best-fit lookups, iteration, the largest size and
-// the bin arrays' switch to a tree and back, on random operations and on hand-picked edge cases.
+// The free-block index against a reference ordered set: best-fit lookups, iteration, erasing at an iterator,
+// the largest size and the bin arrays' switch to a tree and back, on random operations and on hand-picked
+// edge cases.
 #include "graphalloc/allocator/free_block_index.h"
 
 #include <algorithm>
@@ -103,6 +104,43 @@ TEST(FreeBlockIndexTest, ACrowdedBinBecomesATreeAndBackWithTheSameOrder) {
     if (reference.size() % 97 == 0) ExpectSameAs(index, reference);
   }
   EXPECT_TRUE(index.empty());
+}
+
+TEST(FreeBlockIndexTest, EraseAtAnIteratorErasesExactlyItsKeyInArraysAndTrees) {
+  // An allocation erases the block LowerBound found by its place in the bin, without searching again: the
+  // place must follow the iterator wherever it got to (the bin it starts in, a later bin's first key, a
+  // step forward) and work for an array bin and a tree bin alike.
+  for (int crowd : {4, 100}) {  // 100 keys of one size: a tree bin
+    FreeBlockIndex index;
+    std::set<FreeKey> reference;
+    for (int i = 0; i < crowd; ++i) {
+      const FreeKey key = Key(4096, 0x100000 + 0x2000 * static_cast<DevicePtr>(i));
+      ASSERT_TRUE(index.Insert(key));
+      reference.insert(key);
+    }
+    for (const FreeKey& key : {Key(1024, 0x1000), Key(65536, 0x10000000), Key(65536, 0x20000000)}) {
+      ASSERT_TRUE(index.Insert(key));
+      reference.insert(key);
+    }
+    SCOPED_TRACE(::testing::Message() << crowd << " keys of 4 KiB");
+    FreeBlockIndex::Iterator it = index.LowerBound(4096);  // the first key of its bin
+    ASSERT_EQ(it->ptr, 0x100000u);
+    ++it;  // the second one
+    ASSERT_EQ(it->ptr, 0x102000u);
+    index.Erase(it);
+    reference.erase(Key(4096, 0x102000));
+    ExpectSameAs(index, reference);
+    it = index.LowerBound(4097);  // the first key of a later bin
+    ASSERT_EQ(it->ptr, 0x10000000u);
+    ++it;
+    ASSERT_EQ(it->ptr, 0x20000000u);
+    index.Erase(it);
+    reference.erase(Key(65536, 0x20000000));
+    ExpectSameAs(index, reference);
+    index.Erase(index.LowerBound(512));  // 1 KiB at 0x1000
+    reference.erase(Key(1024, 0x1000));
+    ExpectSameAs(index, reference);
+  }
 }
 
 TEST(FreeBlockIndexTest, RandomOperationsMatchAnOrderedSet) {

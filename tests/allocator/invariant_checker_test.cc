@@ -1,7 +1,7 @@
 // The invariant checker on a hand-made allocator state: a consistent one passes, and each kind of damage
-// (a broken chain link, a free block missing from the index, block or segment statistics that disagree
-// with the blocks, a pool's reserved bytes, a handle-aligned segment's block across two chunks) is reported
-// in its own words.
+// (a broken chain link, a free block missing from the index, a pointer-map entry of a free block that is not
+// parked, block or segment statistics that disagree with the blocks, a pool's reserved bytes, a
+// handle-aligned segment's block across two chunks) is reported in its own words.
 #include "graphalloc/allocator/invariant_checker.h"
 
 #include <memory>
@@ -147,6 +147,35 @@ TEST_F(InvariantCheckerTest, AFreeBlockMissingFromTheIndex) {
     shard_->small_pool.Erase(s->head);
   }
   ExpectViolation("free block 0x200000 must be in exactly one of the free index and the quick cache");
+}
+
+TEST_F(InvariantCheckerTest, AParkedBlockMayKeepItsPointerMapEntry) {
+  Segment* s = AddFreeSegment(0x200000, 2 * kMiB);
+  {
+    SpinLockHolder lock(&shard_->mu);
+    shard_->small_pool.Erase(s->head);
+    ASSERT_TRUE(shard_->quick.Push(s->head, &shard_->small_pool));
+    shard_->AddToPointerMap(s->head);
+  }
+  EXPECT_TRUE(Check().ok()) << Check();
+}
+
+TEST_F(InvariantCheckerTest, AnIndexedFreeBlockInThePointerMap) {
+  Segment* s = AddFreeSegment(0x200000, 2 * kMiB);
+  {
+    SpinLockHolder lock(&shard_->mu);
+    shard_->AddToPointerMap(s->head);
+  }
+  ExpectViolation("free block 0x200000 is in the pointer map");
+}
+
+TEST_F(InvariantCheckerTest, APointerMapFlagThatDisagreesWithTheMap) {
+  Segment* s = AddFreeSegment(0x200000, 2 * kMiB);
+  {
+    SpinLockHolder lock(&shard_->mu);
+    s->head->in_pointer_map = true;
+  }
+  ExpectViolation("block 0x200000's pointer-map flag disagrees with the map");
 }
 
 TEST_F(InvariantCheckerTest, BlockStatisticsThatDisagreeWithTheBlocks) {
