@@ -120,8 +120,7 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool reco
 
 void CachingAllocator::SnapshotState(MemorySnapshot* snapshot) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   AllShardsLock lock(shards_, device_mu_);
-  lock.ForEach([&](StreamShard* s) { AddBlockStats(snapshot->stats, s->stats); });
-  CopySegmentStats(snapshot->stats, segments_.stats());
+  ReadStats(lock, snapshot->stats);
   snapshot->segments.reserve(segments_.size());
   for (const auto& [base, segment] : segments_) {
     SegmentSnapshot& out = snapshot->segments.emplace_back();

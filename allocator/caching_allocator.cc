@@ -184,11 +184,18 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
     ProcessEvents(*shard);
   }
   const AllocationRequest request(bytes, stream, config_);
+  DevicePtr ptr;
   {
     SpinLockHolder lock(&shard->mu);
-    if (DevicePtr ptr = blocks_.Allocate(*shard, request)) return ptr;
+    ptr = blocks_.Allocate(*shard, request);
   }
-  return AllocateSlow(*shard, request);
+  if (ptr != 0) [[likely]] {
+    SettlePeaks(*shard);
+    return ptr;
+  }
+  absl::StatusOr<DevicePtr> slow = AllocateSlow(*shard, request);
+  SettleAllPeaks();
+  return slow;
 }
 
 StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
@@ -228,6 +235,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
   blocks_.Free(*shard, block);
   const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();
+  SettlePeaks(*shard);
   ReleaseOrphanAfterFree(last_of_orphan);
   return absl::OkStatus();
 }
@@ -297,21 +305,36 @@ absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
 
 DeviceStats CachingAllocator::GetStats() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   DeviceStats out;
-  shards_.ForEach([&](StreamShard* shard) {
-    SpinLockHolder lock(&shard->mu);
-    AddBlockStats(out, shard->stats);
-  });
-  MutexLock lock(&device_mu_);
-  CopySegmentStats(out, segments_.stats());
+  // Every shard at once: the sums are of one moment, and the peaks are folded with them.
+  AllShardsLock lock(shards_, device_mu_);
+  ReadStats(lock, out);
   return out;
 }
 
+void CachingAllocator::ReadStats(const AllShardsLock& lock,
+                                 DeviceStats& out) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // A fold here only raises the peaks to what the shards hold: reading stays a reading.
+  peaks_.Fold(lock);
+  lock.ForEach([&](StreamShard* shard) { AddBlockStats(out, shard->stats); });
+  peaks_.CopyPeaks(out);
+  CopySegmentStats(out, segments_.stats());
+}
+
+void CachingAllocator::SettleAllPeaks() {
+  bool over = false;
+  shards_.ForEach(
+      [&](StreamShard* shard) { over = over || shard->peak_over.load(std::memory_order_relaxed); });
+  if (over) FoldPeaks();
+}
+
+void CachingAllocator::FoldPeaks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  AllShardsLock lock(shards_);
+  peaks_.Fold(lock);
+}
+
 void CachingAllocator::ResetPeakStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  shards_.ForEach([](StreamShard* shard) {
-    SpinLockHolder lock(&shard->mu);
-    shard->stats.ResetPeak();
-  });
-  MutexLock lock(&device_mu_);
+  AllShardsLock lock(shards_, device_mu_);
+  peaks_.Reset(lock);
   segments_.stats().ResetPeak();
 }
 
@@ -353,6 +376,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
   GRAPHALLOC_RETURN_IF_ERROR(InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
                                                driver_->Info().granularity, &sleep_})
                                  .Run());
+  GRAPHALLOC_RETURN_IF_ERROR(peaks_.Check(lock));
   GRAPHALLOC_RETURN_IF_ERROR(hooks_.CheckInvariants());
   return CheckHolds();
 }

@@ -244,6 +244,7 @@ absl::Status CachingAllocator::RunDeferredFrees() {
     block->freeing = true;
     routes_.Defer(shard, block);
   }
+  SettleAllPeaks();
   return first_error;
 }
 

@@ -25,6 +25,7 @@ absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, Device
   }
   shard.mu.Unlock();
   if (absl::Status s = FreeWithStreamUses(shard, ptr, block); !s.ok()) return s;
+  SettlePeaks(shard);
   PoolId last_of_orphan = kDefaultPool;
   {
     SpinLockHolder lock(&shard.mu);
@@ -118,17 +119,20 @@ void CachingAllocator::ProcessEvents(StreamShard& shard) {
     // An event that cannot be queried is left for EmptyCache's synchronization.
     done[i] = ready.ok() && *ready;
   }
-  SpinLockHolder lock(&shard.mu);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!done[i]) continue;
-    for (auto& [stream, queue] : shard.pending_events) {
-      if (!queue.empty() && queue.front().id == heads[i].id) {
-        CompleteEvent(shard, queue.front());
-        queue.pop_front();
-        break;
+  {
+    SpinLockHolder lock(&shard.mu);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!done[i]) continue;
+      for (auto& [stream, queue] : shard.pending_events) {
+        if (!queue.empty() && queue.front().id == heads[i].id) {
+          CompleteEvent(shard, queue.front());
+          queue.pop_front();
+          break;
+        }
       }
     }
   }
+  SettlePeaks(shard);
 }
 
 absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
@@ -161,6 +165,7 @@ absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
     CompleteEvent(shard, *it);
     queue.erase(it);
   }
+  SettleAllPeaks();
   MutexLock lock(&device_mu_);
   ++segments_.stats().num_sync_all_streams;
   return status;

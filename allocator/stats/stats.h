@@ -18,10 +18,14 @@ struct Stat {
   std::int64_t allocated = 0;
   std::int64_t freed = 0;
 
-  void Increase(std::int64_t amount) {
+  // True when `current` rose above `peak` (which then follows it): a new peak. A stream shard keeps its
+  // escrow grant in `peak` and is told this way that it went past it (peak_ledger.h).
+  bool Increase(std::int64_t amount) {
     current += amount;
     allocated += amount;
-    if (current > peak) peak = current;
+    const bool raised = current > peak;
+    if (raised) peak = current;
+    return raised;
   }
   void Decrease(std::int64_t amount) {
     current -= amount;
@@ -42,10 +46,10 @@ struct StatArray {
   Stat& operator[](StatType t) { return by_type[static_cast<int>(t)]; }
   const Stat& operator[](StatType t) const { return by_type[static_cast<int>(t)]; }
   const Stat& all() const { return by_type[0]; }
-  // Updates the aggregate and the small or large entry together.
-  void Increase(bool small, std::int64_t amount) {
-    by_type[0].Increase(amount);
-    by_type[small ? 1 : 2].Increase(amount);
+  // Updates the aggregate and the small or large entry together; true when either made a new peak.
+  bool Increase(bool small, std::int64_t amount) {
+    const bool all = by_type[0].Increase(amount);
+    return by_type[small ? 1 : 2].Increase(amount) | all;
   }
   void Decrease(bool small, std::int64_t amount) {
     by_type[0].Decrease(amount);
@@ -81,8 +85,8 @@ struct DeviceStats {
 };
 
 // Adds the per-block statistics of `from` (allocation, active, inactive_split, their bytes, requested and
-// oversize allocations) into `into`: current, allocated and freed add up exactly; peaks add up to an upper
-// bound of the peak of the sum.
+// oversize allocations) into `into`: current, allocated and freed. Not the peaks: a peak of a sum is not the
+// sum of the peaks (the allocator's exact device-wide peaks come from its PeakLedger).
 void AddBlockStats(DeviceStats& into, const DeviceStats& from);
 // Copies the per-segment statistics and counters (segment, reserved_bytes, oversize_segments, num_*,
 // max_split_size) of `from` into `into`.
