@@ -95,9 +95,8 @@ void AttributeStacks(MemorySnapshot* snapshot) {
 
 }  // namespace
 
-MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool record_event) const {
+MemorySnapshot CachingAllocator::StateSnapshot() const {
   MemorySnapshot snapshot;
-  snapshot.label = std::string(label);
   snapshot.source = "graphalloc";
   snapshot.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
                          std::chrono::system_clock::now().time_since_epoch())
@@ -106,6 +105,12 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool reco
   snapshot.device = DeviceDescription{info.ordinal, info.name, info.total_memory, info.granularity};
   snapshot.config = config_.ToString();
   SnapshotState(&snapshot);
+  return snapshot;
+}
+
+MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool record_event) const {
+  MemorySnapshot snapshot = StateSnapshot();
+  snapshot.label = std::string(label);
   history_.ExportTo(&snapshot);
   // The snapshot's own event, with the active bytes it saw, goes after the history it holds, so that its
   // last event is the allocator's last action (as in PyTorch's snapshots); later snapshots show where it was

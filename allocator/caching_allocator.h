@@ -150,6 +150,9 @@ class CachingAllocator {
   // With `record_event` false the snapshot leaves no `snapshot` event in the history: for internal queries
   // (a backend answering "largest free block?"), which are not the user's snapshots.
   MemorySnapshot TakeSnapshot(absl::string_view label = "", bool record_event = true) const;
+  // The state alone (segments, blocks, pools, statistics), without reading the history or recording an
+  // event: for frequent internal queries (PyTorch's cacheInfo, live-allocation checks).
+  MemorySnapshot StateSnapshot() const;
 
   // Verifies every internal invariant (block chains, free index, pointer map, statistics); an Internal
   // error describes the first violation. Tests call it after every step.

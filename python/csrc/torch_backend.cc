@@ -275,8 +275,9 @@ void TorchBackend::cacheInfo(c10::DeviceIndex device, size_t* largest_block) {
     TORCH_CHECK(info.ok(), "graphalloc: cacheInfo: ", info.status().ToString());
     *largest_block = info->free;
   }
-  const graphalloc::SnapshotTotals totals =
-      graphalloc::ComputeTotals(allocator.TakeSnapshot("cacheInfo", /*record_event=*/false));
+  // The largest contiguous free run usable as it is (mapped), as `graphalloc snapshot summary` and the
+  // viewer report it: what a cuDNN workspace of that size would get. The state alone: cuDNN asks often.
+  const graphalloc::SnapshotTotals totals = graphalloc::ComputeTotals(allocator.StateSnapshot());
   *largest_block = std::max<size_t>(*largest_block, totals.largest_free_block);
 }
 
