@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
@@ -54,6 +55,9 @@ PoolSnapshot PrivatePoolOf(PoolId id, const PoolState& state) {
   p.allocated_bytes = static_cast<std::uint64_t>(state.allocated_bytes.load(std::memory_order_relaxed));
   p.peak_allocated_bytes =
       static_cast<std::uint64_t>(state.peak_allocated_bytes.load(std::memory_order_relaxed));
+  p.owner = state.options.owner;
+  if (p.owner.empty() && !state.options.tag.empty()) p.owner = absl::StrCat("tag '", state.options.tag, "'");
+  p.graph_pins = state.pins.load(std::memory_order_relaxed);
   return p;
 }
 

@@ -277,7 +277,8 @@ class CachingAllocator {
   absl::Status FreeSegmentMemory(const Segment& segment);
   absl::StatusOr<std::size_t> GarbageCollect();
 
-  absl::Status OutOfMemory(const AllocationRequest& request);
+  // The out-of-memory error for `request` of `pool`, explained (oom_report.h); counted and recorded.
+  absl::Status OutOfMemory(const AllocationRequest& request, PoolId pool);
 
   // ---- Private pools (private_pools.cc). ----
   absl::Status AddPoolUser(PoolId id);

@@ -10,6 +10,7 @@
 #include "graphalloc/allocator/c_api/graphalloc.h"
 #include "tools/cli_common.h"
 #include "tools/device_command.h"
+#include "tools/oom_report_command.h"
 #include "tools/replay_command.h"
 #include "tools/snapshot_command.h"
 
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   graphalloc::tools::AddDeviceCommand(app);
   graphalloc::tools::AddReplayCommand(app);
   graphalloc::tools::AddSnapshotCommand(app);
+  graphalloc::tools::AddOomReportCommand(app);
 
   std::string path;
   if (const std::string unknown = UnknownSubcommand(app, argc, argv, &path); !unknown.empty()) {

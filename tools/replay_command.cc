@@ -189,8 +189,9 @@ void PrintText(const ReplayCliOptions& options, const Trace& trace, const std::s
   if (r.completed) {
     std::cout << "Completed:     yes\n";
   } else {
+    // The out-of-memory error explains itself over several lines (allocator/snapshot/oom_report.h).
     std::cout << "Completed:     no: at " << r.failure->where << " (event " << r.failure->event_index
-              << "): " << r.failure->message << "\n";
+              << "): " << absl::StripTrailingAsciiWhitespace(r.failure->message) << "\n";
   }
   std::cout << "Time per op:   " << absl::StrFormat("%.1f ns", r.ns_per_op)
             << absl::StrFormat(" (replay loop %.3f s)", r.wall_seconds) << "\n";

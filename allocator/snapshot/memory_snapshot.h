@@ -118,6 +118,11 @@ struct PoolSnapshot {
   std::uint64_t allocated_bytes = 0;
   std::uint64_t peak_reserved_bytes = 0;
   std::uint64_t peak_allocated_bytes = 0;
+  // Who made a private pool, for people ("torch.cuda.MemPool (0, 3)", "CUDA graph pool (1, 0)", "graph
+  // tree"; PoolOptions::owner), and how many graphs that replay into it pin its memory. Last and
+  // defaulted, so that positional initializers of the members above stay as they were.
+  std::string owner{};
+  std::int64_t graph_pins = 0;
   friend bool operator==(const PoolSnapshot&, const PoolSnapshot&) = default;
 };
 

@@ -228,6 +228,14 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
     j.U64(p.peak_reserved_bytes);
     j.Key("peak_allocated_bytes");
     j.U64(p.peak_allocated_bytes);
+    if (!p.owner.empty()) {
+      j.Key("owner");
+      j.String(p.owner);
+    }
+    if (p.graph_pins != 0) {
+      j.Key("graph_pins");
+      j.I64(p.graph_pins);
+    }
     j.Char('}');
   }
   j.Raw("],\n\"stacks\":[");
