@@ -68,6 +68,14 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::
                                                                            Config config) {
   if (driver == nullptr) return absl::InvalidArgumentError("CachingAllocator::Create: driver is null");
   std::unique_ptr<CachingAllocator> allocator(new CachingAllocator(std::move(driver), config));
+  if (config.record_history) {
+    // Config::Parse checks these; a Config built in code may still hold a value the ring refuses.
+    if (absl::Status s = allocator->history_.RecordHistory(
+            HistoryOptions{true, config.history_max_entries, config.history_stacks});
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("CachingAllocator::Create: ", s.message()));
+    }
+  }
   if (config.per_process_memory_fraction < 1.0) {
     if (absl::Status s = allocator->SetMemoryFraction(config.per_process_memory_fraction); !s.ok()) return s;
   }
@@ -87,10 +95,6 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
                    config_.handle_aligned, config_.shareable_handles}),
       sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
               [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
-  if (config_.record_history) {
-    // The options were validated by Config::Parse; a failure here can only be a programming error.
-    (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
-  }
   MutexLock lock(&device_mu_);
   segments_.stats().max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
                                          ? -1

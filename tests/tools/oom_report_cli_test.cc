@@ -30,8 +30,7 @@ constexpr char kTrace[] =
 class OomReportCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "/oom_report_cli";
-    ASSERT_EQ(std::system(("rm -rf " + dir_ + " && mkdir -p " + dir_).c_str()), 0);
+    dir_ = testing::FreshDir("oom_report_cli");
     trace_ = dir_ + "/trace.csv";
     ASSERT_TRUE(WriteFileBytes(trace_, kTrace).ok());
   }
