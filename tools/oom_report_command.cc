@@ -13,6 +13,7 @@ namespace graphalloc::tools {
 
 void AddOomReportCommand(CLI::App& app) {
   auto file = std::make_shared<std::string>();
+  auto device = std::make_shared<int>(-1);
   CLI::App* command = app.add_subcommand(
       "oom-report",
       "Why the out-of-memory error recorded in a snapshot happened: the request, the device's memory, what "
@@ -22,9 +23,13 @@ void AddOomReportCommand(CLI::App& app) {
                    "A snapshot taken at the failure, with its history (replay --capacity ... --snapshot X "
                    "writes X.oom.json); graphalloc JSON or a PyTorch pickle; - for stdin")
       ->required();
-  command->callback([file] {
-    absl::StatusOr<MemorySnapshot> snapshot = LoadAnySnapshot(*file);
+  command->add_option("--device", *device, "A PyTorch pickle's device (default: the lowest with data)")
+      ->check(NonNegative());
+  command->callback([file, device] {
+    std::string note;
+    absl::StatusOr<MemorySnapshot> snapshot = LoadAnySnapshot(*file, *device, &note);
     if (!snapshot.ok()) Fail("oom-report", kExitBadInput, snapshot.status().message());
+    if (!note.empty()) std::cerr << "graphalloc oom-report: " << note << "\n";
     absl::StatusOr<OomRequest> request = OomRequestFromHistory(*snapshot);
     if (!request.ok())
       Fail("oom-report", kExitBadInput, absl::StrCat(*file, ": ", request.status().message()));
