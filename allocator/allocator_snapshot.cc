@@ -11,6 +11,7 @@ namespace graphalloc {
 namespace {
 
 BlockState StateOf(const Block* b) {
+  if (b->OwnerFreed()) return BlockState::kPendingFree;  // as PyTorch shows a block freed with stream uses
   if (b->allocated) return BlockState::kAllocated;
   return b->event_count > 0 ? BlockState::kPendingFree : BlockState::kFree;
 }
@@ -29,8 +30,8 @@ void AddBlocks(const Segment& segment, SegmentSnapshot* out) {
     BlockSnapshot& block = out->blocks.emplace_back();
     block.address = b->ptr;
     block.size = b->size;
-    block.requested_size = b->allocated ? b->requested_size : 0;
     block.state = StateOf(b);
+    block.requested_size = block.state == BlockState::kAllocated ? b->requested_size : 0;
     block.stream = static_cast<std::uint64_t>(b->stream());
   }
 }

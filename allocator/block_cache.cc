@@ -174,10 +174,16 @@ void BlockCache::Free(StreamShard& shard, Block* block) {
   Release(shard, block);
 }
 
-HOT void BlockCache::CountFreed(StreamShard& shard, const Block* block) {
+HOT void BlockCache::CountFreed(StreamShard& shard, const Block* block, bool live_block_gone) {
   const stat_events::BlockFigures figures = FiguresOf(block, block->segment->pool->is_small);
-  if (shard.pool != nullptr) shard.pool->AddAllocated(-figures.bytes, -1);
+  if (shard.pool != nullptr) shard.pool->AddAllocated(-figures.bytes, live_block_gone ? -1 : 0);
   stat_events::BlockFreed(shard.stats, figures);
+}
+
+void BlockCache::UndoCountFreed(StreamShard& shard, const Block* block) {
+  const stat_events::BlockFigures figures = FiguresOf(block, block->segment->pool->is_small);
+  if (shard.pool != nullptr) shard.pool->AddAllocated(figures.bytes, 0);
+  stat_events::BlockFreeUndone(shard.stats, figures);
 }
 
 HOT void BlockCache::Release(StreamShard& shard, Block* block) {

@@ -300,6 +300,8 @@ class CachingAllocator {
   // each of those streams holds it until their work is done.
   absl::Status FreeUsedOnOtherStreams(StreamShard& shard, DevicePtr ptr, Block* block)
       ABSL_UNLOCK_FUNCTION(shard.mu);
+  // Records an event on each stream `block` was used on, with the shard unlocked; the block then waits for
+  // them. On failure it stays in the pointer map, still `freeing`, for the caller to give back or retry.
   absl::Status FreeWithStreamUses(StreamShard& shard, DevicePtr ptr, Block* block);
   void ProcessEvents(StreamShard& shard);
   absl::Status SynchronizeAndFreeEvents();

@@ -17,6 +17,11 @@ absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, Device
     shard.mu.Unlock();
     return absl::OkStatus();
   }
+  // Freed as far as anyone looking can tell (OwnerFreed): no longer allocated, still active, as PyTorch's
+  // allocator has it from this moment. Its checkPoolLiveAllocations runs on other threads too (NCCL's
+  // watchdog frees tensors recorded on its stream), and must not see this block allocated while its
+  // events are recorded, or all the while a capture defers them.
+  blocks_.CountFreed(shard, block, /*live_block_gone=*/false);
   // Recording events on streams that may be capturing would put them into the graph (and querying them
   // later is illegal): the free waits until the last capture route ends (RunDeferredFrees).
   if (captures_.underway() && routes_.DeferWhileCapturing(&shard, block, captures_)) {
@@ -24,7 +29,13 @@ absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, Device
     return absl::OkStatus();
   }
   shard.mu.Unlock();
-  if (absl::Status s = FreeWithStreamUses(shard, ptr, block); !s.ok()) return s;
+  if (absl::Status s = FreeWithStreamUses(shard, ptr, block); !s.ok()) {
+    // The caller keeps the block: allocated again, exactly as before the call.
+    SpinLockHolder lock(&shard.mu);
+    block->freeing = false;
+    blocks_.UndoCountFreed(shard, block);
+    return s;
+  }
   SettlePeaks(shard);
   PoolId last_of_orphan = kDefaultPool;
   {
@@ -74,14 +85,15 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, DevicePtr 
 
   SpinLockHolder lock(&shard.mu);
   shard.idle_events.insert(shard.idle_events.end(), events.begin() + (status.ok() ? live : 0), events.end());
-  block->freeing = false;
-  // On failure the block stays allocated, exactly as before the call.
+  // On failure the block stays in the pointer map, still freeing: the caller gives it back to its owner or
+  // tries again later.
   if (!status.ok()) return status;
+  block->freeing = false;
   shard.allocated.Erase(ptr);
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->requested_size,
                   static_cast<std::uint64_t>(block->stream()), 0);
   block->allocated = false;
-  blocks_.CountFreed(shard, block);
+  if (shard.pool != nullptr) shard.pool->AddAllocated(0, -1);  // its bytes went when its owner freed it
   block->stream_uses.clear();
   if (live == 0) {  // every recorded stream was gone, and the device is synchronized: free now
     blocks_.Release(shard, block);

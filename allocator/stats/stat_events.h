@@ -52,6 +52,15 @@ inline void BlockFreed(DeviceStats& s, const BlockFigures& b) {
   if (b.oversize) s.oversize_allocations.Decrease(b.small, 1);
 }
 
+// A BlockFreed whose free failed: the owner keeps the block, as if it had never been freed (it stayed
+// active throughout, and no total counts the round trip).
+inline void BlockFreeUndone(DeviceStats& s, const BlockFigures& b) {
+  s.allocation.UndoDecrease(b.small, 1);
+  s.allocated_bytes.UndoDecrease(b.small, b.bytes);
+  s.requested_bytes.UndoDecrease(b.small, b.requested);
+  if (b.oversize) s.oversize_allocations.UndoDecrease(b.small, 1);
+}
+
 // Free for reuse: no longer active.
 inline void BlockReleased(DeviceStats& s, bool small, std::int64_t bytes) {
   s.active.Decrease(small, 1);

@@ -31,6 +31,11 @@ struct Stat {
     current -= amount;
     freed += amount;
   }
+  // Takes back a Decrease of an operation that failed: as if it had never happened (the peak cannot move).
+  void UndoDecrease(std::int64_t amount) {
+    current += amount;
+    freed -= amount;
+  }
   void ResetAccumulated() { allocated = freed = 0; }
   void ResetPeak() { peak = current; }
   friend bool operator==(const Stat&, const Stat&) = default;
@@ -54,6 +59,10 @@ struct StatArray {
   void Decrease(bool small, std::int64_t amount) {
     by_type[0].Decrease(amount);
     by_type[small ? 1 : 2].Decrease(amount);
+  }
+  void UndoDecrease(bool small, std::int64_t amount) {
+    by_type[0].UndoDecrease(amount);
+    by_type[small ? 1 : 2].UndoDecrease(amount);
   }
   friend bool operator==(const StatArray&, const StatArray&) = default;
 };
