@@ -87,7 +87,7 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       config_(config),
       id_(next_allocator_id.fetch_add(1)),
       blocks_(config_, history_),
-      segments_(config_.max_split_size, history_),
+      segments_(config_.max_split_size, history_, driver_->Info().ordinal),
       budget_(driver_->Info().total_memory),
       captures_(*driver_),
       hooks_(driver_->Info().ordinal),
@@ -117,6 +117,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     (void)driver_->EventDestroy(e);
   }
   for (auto& [base, segment] : segments_) {
+    segments_.Forget(*segment);
     const PoolId pool = PoolOf(*segment);
     if (segment->vmm != nullptr) {
       for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
