@@ -73,7 +73,8 @@ def _repo_root() -> Path:
 
 def _source_checkout() -> Path:
     """The repository the package comes from: this file's checkout, or for a package installed with pip the
-    checkout that python/setup.py recorded in _source_dir.txt (so a library built later is found too)."""
+    checkout that python/_graphalloc_build.py recorded in _source_dir.txt (so a library built later is found
+    too)."""
     recorded = Path(__file__).resolve().parent / "_source_dir.txt"
     if recorded.is_file():
         return Path(recorded.read_text().strip())
@@ -594,18 +595,19 @@ def nccl_register(comm: int, pool: int = ALL_POOLS, device: int = 0) -> NcclRegi
 
 
 def cli_path() -> Optional[str]:
-    """The `graphalloc` command-line tool: $GRAPHALLOC_CLI, next to the library (build/tools/graphalloc,
-    <prefix>/bin/graphalloc), the checkout's build*/tools, then $PATH. None when not found."""
+    """The `graphalloc` command-line tool: $GRAPHALLOC_CLI, the package's own bin/graphalloc (pip install
+    packs it), next to the library (build/tools/graphalloc, <prefix>/bin/graphalloc), the build*/tools of the
+    checkout the package comes from, then $PATH. None when not found."""
     env = os.environ.get("GRAPHALLOC_CLI")
     if env and Path(env).is_file():
         return env
-    cands: List[Path] = []
+    cands: List[Path] = [Path(__file__).resolve().parent / "bin" / "graphalloc"]
     try:
         lib_dir = Path(library_path()).parent
         cands += [lib_dir / "tools" / "graphalloc", lib_dir.parent / "bin" / "graphalloc"]
     except FileNotFoundError:
         pass
-    cands += [d / "tools" / "graphalloc" for d in sorted(_repo_root().glob("build*")) if d.is_dir()]
+    cands += [d / "tools" / "graphalloc" for d in sorted(_source_checkout().glob("build*")) if d.is_dir()]
     for c in cands:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
