@@ -50,6 +50,10 @@ struct alignas(64) StreamShard {
   PoolState* pool;  // nullptr: the default pool
 
   mutable SpinLock mu;
+  // Set (under `mu`) when a statistic went past its escrow grant; the allocator then folds the device's
+  // peaks (CachingAllocator::SettlePeaks) once the lock is released, which clears it. Beside the lock: every
+  // allocation and free reads it, and that line is in the cache already.
+  std::atomic<bool> peak_over{false};
   BlockPool small_pool ABSL_GUARDED_BY(mu){true};
   BlockPool large_pool ABSL_GUARDED_BY(mu){false};
   QuickCache quick ABSL_GUARDED_BY(mu);
@@ -59,9 +63,6 @@ struct alignas(64) StreamShard {
   // the per-segment ones live with the allocator). Each Stat's `peak` is this shard's escrow grant, not a
   // peak: the device's exact peaks are the allocator's PeakLedger's (peak_ledger.h).
   DeviceStats stats ABSL_GUARDED_BY(mu);
-  // Set (under `mu`) when a statistic went past its grant; the allocator then folds the device's peaks
-  // (CachingAllocator::SettlePeaks) once the lock is released, which clears it.
-  std::atomic<bool> peak_over{false};
   void NotePeak(bool raised) {
     if (raised) [[unlikely]]
       peak_over.store(true, std::memory_order_relaxed);
