@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "graphalloc/allocator/caching_allocator.h"
 #include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/snapshot/oom_report.h"
 
 namespace graphalloc {
 namespace {
@@ -81,7 +82,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard,
   }
   // A failed growth may have cached the handles it could not map: out of memory leaves nothing idle.
   if (config_.expandable_segments) (void)expandable_.ReleaseCachedHandles();
-  return OutOfMemory(request);
+  return OutOfMemory(request, shard.pool != nullptr ? shard.pool->id : kDefaultPool);
 }
 
 absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard,
@@ -108,7 +109,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& s
   if (shard.pool == nullptr) {
     if (DevicePtr p = AllocateFromOomPools(request)) return p;
   }
-  return OutOfMemory(request);
+  return OutOfMemory(request, shard.pool != nullptr ? shard.pool->id : kDefaultPool);
 }
 
 absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,
@@ -303,36 +304,41 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
   return freed;
 }
 
-absl::Status CachingAllocator::OutOfMemory(const AllocationRequest& request) {
+absl::Status CachingAllocator::OutOfMemory(const AllocationRequest& request, PoolId pool) {
   const std::size_t size = request.size;
   const Stream stream = request.stream;
   absl::StatusOr<MemoryInfo> info = driver_->GetMemoryInfo();
-  const DeviceStats stats = GetStats();
   std::size_t limit = 0;
   {
     MutexLock lock(&device_mu_);
     ++segments_.stats().num_ooms;
     limit = budget_.limit();
   }
-  const auto allocated = static_cast<std::size_t>(stats.allocated_bytes.all().current);
-  const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.all().current);
   history_.Record(HistoryAction::kOom, info.ok() ? info->free : 0, size, static_cast<std::uint64_t>(stream),
-                  0);
+                  pool);
+  // The explanation reads the state as a snapshot would, so that `graphalloc oom-report` on a snapshot
+  // taken now says the same; the history only for the stacks of the largest allocations.
+  const MemorySnapshot state =
+      history_.enabled() ? TakeSnapshot("oom", /*record_event=*/false) : StateSnapshot();
+  OomRequest oom{size,  static_cast<std::uint64_t>(stream), pool, std::nullopt,
+                 limit, config_.expandable_segments};
+  if (info.ok()) oom.device_free = info->free;
+  const OomReport report = ExplainOutOfMemory(state, oom);
+  const auto allocated = static_cast<std::size_t>(state.stats.allocated_bytes.all().current);
+  const auto reserved = static_cast<std::size_t>(state.stats.reserved_bytes.all().current);
   std::string device = absl::StrFormat("device %d", driver_->Ordinal());
   if (info.ok()) {
     absl::StrAppend(&device, " has ", FormatBytes(info->total), " total, ", FormatBytes(info->free), " free");
   }
   std::string limit_text;
   if (limit != 0) limit_text = absl::StrCat("; this allocator is capped at ", FormatBytes(limit));
-  const std::string hint = config_.expandable_segments
-                               ? "free memory held elsewhere, lower the batch size, or raise the memory cap"
-                               : "if cached memory is large, set GRAPHALLOC_CONF=expandable_segments:True to "
-                                 "reduce fragmentation";
+  // The first sentence as before (programs match it), then what to do first, then the whole explanation.
   return absl::ResourceExhaustedError(absl::StrFormat(
       "out of memory: tried to allocate %s (a new segment of %s) on stream 0x%x; %s%s; %s allocated by "
-      "graphalloc, %s reserved but unallocated (cached); %s",
+      "graphalloc, %s reserved but unallocated (cached)%s\n%s",
       FormatBytes(size), FormatBytes(SegmentSizeFor(size, config_)), static_cast<std::uintptr_t>(stream),
-      device, limit_text, FormatBytes(allocated), FormatBytes(reserved - allocated), hint));
+      device, limit_text, FormatBytes(allocated), FormatBytes(reserved - allocated),
+      report.remedies.empty() ? "" : absl::StrCat("; ", report.remedies.front()), FormatOomReport(report)));
 }
 
 absl::Status CachingAllocator::EmptyCache() {

@@ -4,12 +4,14 @@
 #include <map>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/caching_allocator.h"
 
 namespace graphalloc {
 namespace {
 
 BlockState StateOf(const Block* b) {
+  if (b->OwnerFreed()) return BlockState::kPendingFree;  // as PyTorch shows a block freed with stream uses
   if (b->allocated) return BlockState::kAllocated;
   return b->event_count > 0 ? BlockState::kPendingFree : BlockState::kFree;
 }
@@ -28,8 +30,8 @@ void AddBlocks(const Segment& segment, SegmentSnapshot* out) {
     BlockSnapshot& block = out->blocks.emplace_back();
     block.address = b->ptr;
     block.size = b->size;
-    block.requested_size = b->allocated ? b->requested_size : 0;
     block.state = StateOf(b);
+    block.requested_size = block.state == BlockState::kAllocated ? b->requested_size : 0;
     block.stream = static_cast<std::uint64_t>(b->stream());
   }
 }
@@ -54,6 +56,9 @@ PoolSnapshot PrivatePoolOf(PoolId id, const PoolState& state) {
   p.allocated_bytes = static_cast<std::uint64_t>(state.allocated_bytes.load(std::memory_order_relaxed));
   p.peak_allocated_bytes =
       static_cast<std::uint64_t>(state.peak_allocated_bytes.load(std::memory_order_relaxed));
+  p.owner = state.options.owner;
+  if (p.owner.empty() && !state.options.tag.empty()) p.owner = absl::StrCat("tag '", state.options.tag, "'");
+  p.graph_pins = state.pins.load(std::memory_order_relaxed);
   return p;
 }
 
@@ -95,9 +100,8 @@ void AttributeStacks(MemorySnapshot* snapshot) {
 
 }  // namespace
 
-MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool record_event) const {
+MemorySnapshot CachingAllocator::StateSnapshot() const {
   MemorySnapshot snapshot;
-  snapshot.label = std::string(label);
   snapshot.source = "graphalloc";
   snapshot.time_us = std::chrono::duration_cast<std::chrono::microseconds>(
                          std::chrono::system_clock::now().time_since_epoch())
@@ -106,6 +110,12 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool reco
   snapshot.device = DeviceDescription{info.ordinal, info.name, info.total_memory, info.granularity};
   snapshot.config = config_.ToString();
   SnapshotState(&snapshot);
+  return snapshot;
+}
+
+MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool record_event) const {
+  MemorySnapshot snapshot = StateSnapshot();
+  snapshot.label = std::string(label);
   history_.ExportTo(&snapshot);
   // The snapshot's own event, with the active bytes it saw, goes after the history it holds, so that its
   // last event is the allocator's last action (as in PyTorch's snapshots); later snapshots show where it was
@@ -120,8 +130,7 @@ MemorySnapshot CachingAllocator::TakeSnapshot(absl::string_view label, bool reco
 
 void CachingAllocator::SnapshotState(MemorySnapshot* snapshot) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   AllShardsLock lock(shards_, device_mu_);
-  lock.ForEach([&](StreamShard* s) { AddBlockStats(snapshot->stats, s->stats); });
-  CopySegmentStats(snapshot->stats, segments_.stats());
+  ReadStats(lock, snapshot->stats);
   snapshot->segments.reserve(segments_.size());
   for (const auto& [base, segment] : segments_) {
     SegmentSnapshot& out = snapshot->segments.emplace_back();

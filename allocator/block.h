@@ -77,6 +77,10 @@ struct alignas(64) Block {
   bool in_pointer_map : 1 = false;
 
   bool IsSplit() const { return prev != nullptr || next != nullptr; }
+  // Its owner freed it, and the free waits (its stream events are being recorded, or a capture defers it
+  // until the last capture route ends): still in the pointer map, but counted and shown as freed and still
+  // active, as PyTorch's allocator marks a block not allocated the moment it is freed.
+  bool OwnerFreed() const { return allocated && freeing && !held; }
   // Every block of a segment belongs to the segment's stream.
   Stream stream() const;
   // Back to a default-constructed state.

@@ -103,8 +103,9 @@ HOT DevicePtr BlockCache::FinishAllocation(StreamShard& shard, BlockPool& pool, 
     pool.Insert(free_rest);
   }
   if (!expandable) {  // inactive_split excludes expandable blocks
-    stat_events::FreeBlockTaken(shard.stats, small, was_split, static_cast<std::int64_t>(block->size),
-                                split ? static_cast<std::int64_t>(rest) : 0);
+    shard.NotePeak(stat_events::FreeBlockTaken(shard.stats, small, was_split,
+                                               static_cast<std::int64_t>(block->size),
+                                               split ? static_cast<std::int64_t>(rest) : 0));
   }
   return MarkAllocated(shard, block, small, request);
 }
@@ -148,7 +149,7 @@ DevicePtr BlockCache::HandOutParked(StreamShard& shard, BlockPool& pool, Block* 
                                     const AllocationRequest& request) {
   shard.quick.Remove(block);
   if (!block->segment->expandable)
-    stat_events::FreeRunChanged(shard.stats, pool.is_small, run, /*joining=*/false);
+    shard.NotePeak(stat_events::FreeRunChanged(shard.stats, pool.is_small, run, /*joining=*/false));
   return MarkAllocated(shard, block, pool.is_small, request);
 }
 
@@ -159,7 +160,7 @@ HOT DevicePtr BlockCache::MarkAllocated(StreamShard& shard, Block* block, bool s
   if (!block->in_pointer_map) shard.AddToPointerMap(block);  // a parked block kept its entry
   const stat_events::BlockFigures figures = FiguresOf(block, small);
   if (shard.pool != nullptr) shard.pool->AddAllocated(figures.bytes, 1);
-  stat_events::BlockAllocated(shard.stats, figures);
+  shard.NotePeak(stat_events::BlockAllocated(shard.stats, figures));
   RecordBlockEvent(history_, HistoryAction::kAlloc, block);
   return block->ptr;
 }
@@ -173,10 +174,16 @@ void BlockCache::Free(StreamShard& shard, Block* block) {
   Release(shard, block);
 }
 
-HOT void BlockCache::CountFreed(StreamShard& shard, const Block* block) {
+HOT void BlockCache::CountFreed(StreamShard& shard, const Block* block, bool live_block_gone) {
   const stat_events::BlockFigures figures = FiguresOf(block, block->segment->pool->is_small);
-  if (shard.pool != nullptr) shard.pool->AddAllocated(-figures.bytes, -1);
+  if (shard.pool != nullptr) shard.pool->AddAllocated(-figures.bytes, live_block_gone ? -1 : 0);
   stat_events::BlockFreed(shard.stats, figures);
+}
+
+void BlockCache::UndoCountFreed(StreamShard& shard, const Block* block) {
+  const stat_events::BlockFigures figures = FiguresOf(block, block->segment->pool->is_small);
+  if (shard.pool != nullptr) shard.pool->AddAllocated(figures.bytes, 0);
+  stat_events::BlockFreeUndone(shard.stats, figures);
 }
 
 HOT void BlockCache::Release(StreamShard& shard, Block* block) {
@@ -194,7 +201,8 @@ HOT void BlockCache::InsertFree(StreamShard& shard, Block* block) {
   if (shard.quick.Push(block, &pool)) {
     // Parked without merging; statistics count its free run as if it were merged.
     if (!block->segment->expandable) {
-      stat_events::FreeRunChanged(shard.stats, pool.is_small, WalkFreeRun(block), /*joining=*/true);
+      shard.NotePeak(
+          stat_events::FreeRunChanged(shard.stats, pool.is_small, WalkFreeRun(block), /*joining=*/true));
     }
     return;
   }
@@ -214,8 +222,8 @@ HOT void BlockCache::InsertFree(StreamShard& shard, Block* block) {
     }
   }
   if (!block->segment->expandable) {  // no inactive_split accounting for expandable segments (as PyTorch)
-    stat_events::FreeBlockCoalesced(shard.stats, pool.is_small, merged, merged_bytes, block->IsSplit(),
-                                    static_cast<std::int64_t>(block->size));
+    shard.NotePeak(stat_events::FreeBlockCoalesced(shard.stats, pool.is_small, merged, merged_bytes,
+                                                   block->IsSplit(), static_cast<std::int64_t>(block->size)));
   }
   pool.Insert(block);
 }

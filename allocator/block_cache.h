@@ -54,8 +54,13 @@ class BlockCache {
   // ---- Freeing. ----
   // A block its owner frees, used on no other stream: free for reuse at once.
   void Free(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
-  // Statistics of a block its owner freed (it may stay active, waiting on stream events).
-  void CountFreed(StreamShard& shard, const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // Statistics of a block its owner freed (it may stay active, waiting on stream events). With
+  // `live_block_gone` false the pool still counts it among its live blocks (PoolStats::live_blocks: it has
+  // not left the pointer map yet).
+  void CountFreed(StreamShard& shard, const Block* block, bool live_block_gone = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+  // Undoes CountFreed(..., false) for a free that failed: the owner keeps the block, as if never freed.
+  void UndoCountFreed(StreamShard& shard, const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
   // A block that stopped being active goes back: merged into the index, or parked in the quick cache when
   // merging would not change it.
   void Release(StreamShard& shard, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);

@@ -81,6 +81,7 @@ absl::Status CachingAllocator::ReleaseHold(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_
   blocks_.Free(*shard, block);
   const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();
+  SettlePeaks(*shard);
   ReleaseOrphanAfterFree(last_of_orphan);
   return absl::OkStatus();
 }

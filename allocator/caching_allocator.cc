@@ -68,6 +68,14 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(std::
                                                                            Config config) {
   if (driver == nullptr) return absl::InvalidArgumentError("CachingAllocator::Create: driver is null");
   std::unique_ptr<CachingAllocator> allocator(new CachingAllocator(std::move(driver), config));
+  if (config.record_history) {
+    // Config::Parse checks these; a Config built in code may still hold a value the ring refuses.
+    if (absl::Status s = allocator->history_.RecordHistory(
+            HistoryOptions{true, config.history_max_entries, config.history_stacks});
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("CachingAllocator::Create: ", s.message()));
+    }
+  }
   if (config.per_process_memory_fraction < 1.0) {
     if (absl::Status s = allocator->SetMemoryFraction(config.per_process_memory_fraction); !s.ok()) return s;
   }
@@ -79,7 +87,7 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       config_(config),
       id_(next_allocator_id.fetch_add(1)),
       blocks_(config_, history_),
-      segments_(config_.max_split_size, history_),
+      segments_(config_.max_split_size, history_, driver_->Info().ordinal),
       budget_(driver_->Info().total_memory),
       captures_(*driver_),
       hooks_(driver_->Info().ordinal),
@@ -87,10 +95,6 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
                    config_.handle_aligned, config_.shareable_handles}),
       sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
               [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
-  if (config_.record_history) {
-    // The options were validated by Config::Parse; a failure here can only be a programming error.
-    (void)history_.RecordHistory(HistoryOptions{true, config_.history_max_entries, config_.history_stacks});
-  }
   MutexLock lock(&device_mu_);
   segments_.stats().max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
                                          ? -1
@@ -113,6 +117,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     (void)driver_->EventDestroy(e);
   }
   for (auto& [base, segment] : segments_) {
+    segments_.Forget(*segment);
     const PoolId pool = PoolOf(*segment);
     if (segment->vmm != nullptr) {
       for (const auto& [ptr, chunk] : segment->vmm->chunks()) {
@@ -184,11 +189,18 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t bytes, Stream s
     ProcessEvents(*shard);
   }
   const AllocationRequest request(bytes, stream, config_);
+  DevicePtr ptr;
   {
     SpinLockHolder lock(&shard->mu);
-    if (DevicePtr ptr = blocks_.Allocate(*shard, request)) return ptr;
+    ptr = blocks_.Allocate(*shard, request);
   }
-  return AllocateSlow(*shard, request);
+  if (ptr != 0) [[likely]] {
+    SettlePeaks(*shard);
+    return ptr;
+  }
+  absl::StatusOr<DevicePtr> slow = AllocateSlow(*shard, request);
+  SettleAllPeaks();
+  return slow;
 }
 
 StreamShard* CachingAllocator::LockOwnerOf(DevicePtr ptr, Block** block) {
@@ -229,6 +241,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) ABSL_NO_THREAD_SAFETY_ANALYSI
   blocks_.Free(*shard, block);
   const PoolId last_of_orphan = LastBlockOfOrphan(*shard);
   shard->mu.Unlock();
+  SettlePeaks(*shard);
   ReleaseOrphanAfterFree(last_of_orphan);
   return absl::OkStatus();
 }
@@ -310,21 +323,36 @@ absl::Status CachingAllocator::UnknownPointerError(absl::string_view operation,
 
 DeviceStats CachingAllocator::GetStats() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
   DeviceStats out;
-  shards_.ForEach([&](StreamShard* shard) {
-    SpinLockHolder lock(&shard->mu);
-    AddBlockStats(out, shard->stats);
-  });
-  MutexLock lock(&device_mu_);
-  CopySegmentStats(out, segments_.stats());
+  // Every shard at once: the sums are of one moment, and the peaks are folded with them.
+  AllShardsLock lock(shards_, device_mu_);
+  ReadStats(lock, out);
   return out;
 }
 
+void CachingAllocator::ReadStats(const AllShardsLock& lock,
+                                 DeviceStats& out) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // A fold here only raises the peaks to what the shards hold: reading stays a reading.
+  peaks_.Fold(lock);
+  lock.ForEach([&](StreamShard* shard) { AddBlockStats(out, shard->stats); });
+  peaks_.CopyPeaks(out);
+  CopySegmentStats(out, segments_.stats());
+}
+
+void CachingAllocator::SettleAllPeaks() {
+  bool over = false;
+  shards_.ForEach(
+      [&](StreamShard* shard) { over = over || shard->peak_over.load(std::memory_order_relaxed); });
+  if (over) FoldPeaks();
+}
+
+void CachingAllocator::FoldPeaks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  AllShardsLock lock(shards_);
+  peaks_.Fold(lock);
+}
+
 void CachingAllocator::ResetPeakStats() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  shards_.ForEach([](StreamShard* shard) {
-    SpinLockHolder lock(&shard->mu);
-    shard->stats.ResetPeak();
-  });
-  MutexLock lock(&device_mu_);
+  AllShardsLock lock(shards_, device_mu_);
+  peaks_.Reset(lock);
   segments_.stats().ResetPeak();
 }
 
@@ -366,6 +394,7 @@ absl::Status CachingAllocator::CheckInvariants() const ABSL_NO_THREAD_SAFETY_ANA
   GRAPHALLOC_RETURN_IF_ERROR(InvariantChecker({lock, segments_, pools_, expandable_, config_.max_split_size,
                                                driver_->Info().granularity, &sleep_})
                                  .Run());
+  GRAPHALLOC_RETURN_IF_ERROR(peaks_.Check(lock));
   GRAPHALLOC_RETURN_IF_ERROR(hooks_.CheckInvariants());
   return CheckHolds();
 }

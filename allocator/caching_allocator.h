@@ -9,9 +9,8 @@
 // Thread-safe, and built so that threads on different streams do not contend: each stream's blocks live
 // in their own StreamShard behind their own lock. A cache hit takes that one lock once, touches no other
 // shared state and allocates nothing on the heap in steady state; no driver call is ever made with a lock
-// held. Statistics of blocks are kept per stream and summed on read (peaks of those sums are exact with
-// one stream, and an upper bound, the sum of per-stream peaks, with several); segment statistics
-// (reserved bytes, segment counts) are exact device-wide.
+// held. Statistics of blocks are kept per stream and summed on read; their peaks are exact device-wide,
+// kept by escrow (PeakLedger); segment statistics (reserved bytes, segment counts) are the device's own.
 //
 // The class coordinates parts that each own one concern:
 //   ShardTable / AllShardsLock  the stream shards, and locking all of them at once   (shard_table.h)
@@ -26,6 +25,7 @@
 //   PoolRestorer                restoring a pool's checkpoint, in phases              (pool_restorer.h)
 //   PoolSleep                   sleep and wake of pools, in phases                    (pool_sleep.h)
 //   InvariantChecker            CheckInvariants                                       (invariant_checker.h)
+//   PeakLedger                  exact device-wide peaks of the per-shard statistics   (peak_ledger.h)
 // What stays here: finding a request's shard and a pointer's owner, the slow path's order of retries
 // (allocation_slow_path.cc), stream events (stream_events.cc), the pool lifecycle (private_pools.cc),
 // snapshots (allocator_snapshot.cc) and holds on blocks shared with other processes (block_holds.cc).
@@ -58,6 +58,7 @@
 #include "graphalloc/allocator/mapping_hooks.h"
 #include "graphalloc/allocator/mapping_observer.h"
 #include "graphalloc/allocator/memory_budget.h"
+#include "graphalloc/allocator/peak_ledger.h"
 #include "graphalloc/allocator/pool_checkpoint.h"
 #include "graphalloc/allocator/pool_registry.h"
 #include "graphalloc/allocator/pool_sleep.h"
@@ -154,6 +155,9 @@ class CachingAllocator {
   // With `record_event` false the snapshot leaves no `snapshot` event in the history: for internal queries
   // (a backend answering "largest free block?"), which are not the user's snapshots.
   MemorySnapshot TakeSnapshot(absl::string_view label = "", bool record_event = true) const;
+  // The state alone (segments, blocks, pools, statistics), without reading the history or recording an
+  // event: for frequent internal queries (PyTorch's cacheInfo, live-allocation checks).
+  MemorySnapshot StateSnapshot() const;
 
   // Verifies every internal invariant (block chains, free index, pointer map, statistics); an Internal
   // error describes the first violation. Tests call it after every step.
@@ -241,6 +245,16 @@ class CachingAllocator {
   // pool is gone.
   StreamShard* ShardFor(PoolId pool, Stream stream);
 
+  // ---- Peaks (peak_ledger.h). ----
+  // After `shard`'s lock is released: folds the device's peaks when a statistic of it went past its grant.
+  void SettlePeaks(const StreamShard& shard) {
+    if (shard.peak_over.load(std::memory_order_relaxed)) [[unlikely]]
+      FoldPeaks();
+  }
+  // The same for whichever shards a slow operation touched (with no shard lock held).
+  void SettleAllPeaks();
+  void FoldPeaks();
+
   // ---- Hot path (caching_allocator.cc; the cache itself is block_cache.h). ----
   // The id of the shard's pool when that pool waits only for its last live block to go (now gone), else
   // kDefaultPool: the caller then releases it (MaybeReleasePool) with the lock dropped.
@@ -268,7 +282,8 @@ class CachingAllocator {
   absl::Status FreeSegmentMemory(const Segment& segment);
   absl::StatusOr<std::size_t> GarbageCollect();
 
-  absl::Status OutOfMemory(const AllocationRequest& request);
+  // The out-of-memory error for `request` of `pool`, explained (oom_report.h); counted and recorded.
+  absl::Status OutOfMemory(const AllocationRequest& request, PoolId pool);
 
   // ---- Private pools (private_pools.cc). ----
   absl::Status AddPoolUser(PoolId id);
@@ -289,6 +304,8 @@ class CachingAllocator {
   // waits for its last hold (ReleaseHold); else deferred while a capture is underway, else an event on
   // each of those streams holds it until their work is done.
   absl::Status FreeUsedOnOtherStreams(StreamShard& shard, Block* block) ABSL_UNLOCK_FUNCTION(shard.mu);
+  // Records an event on each stream `block` was used on, with the shard unlocked; the block then waits for
+  // them. On failure it stays in the pointer map, still `freeing`, for the caller to give back or retry.
   absl::Status FreeWithStreamUses(StreamShard& shard, Block* block);
   void ProcessEvents(StreamShard& shard);
   absl::Status SynchronizeAndFreeEvents();
@@ -296,6 +313,9 @@ class CachingAllocator {
 
   // The statistics, segments and pools of a snapshot, all taken under every lock (allocator_snapshot.cc).
   void SnapshotState(MemorySnapshot* snapshot) const;
+  // The statistics, every shard and the device lock held by `lock`: block statistics summed over shards,
+  // their exact peaks (folded first), the device's segment statistics.
+  void ReadStats(const AllShardsLock& lock, DeviceStats& out) const;
 
   // ---- Lookup. ----
   // The shard whose allocated map holds `ptr`, locked; nullptr (nothing locked) if none.
@@ -313,6 +333,9 @@ class CachingAllocator {
 
   // Every stream shard; AllShardsLock locks them all (shard_table.h).
   ShardTable shards_;
+  // The device's exact peaks of the shards' statistics, and their grants (peak_ledger.h); changed with
+  // every shard locked.
+  mutable PeakLedger peaks_ ABSL_GUARDED_BY(shards_.set_mu());
   // What is done to a locked shard's blocks (block_cache.h).
   BlockCache blocks_;
   // Device-wide state, touched only on the slow path. Lock order: the shard set, shards (in creation

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graphalloc/allocator/history/history_ring.h"
 
 namespace graphalloc {
 namespace {
@@ -265,8 +266,12 @@ absl::StatusOr<Config> Config::Parse(absl::string_view text, std::vector<std::st
       config.history_stacks = *v;
     } else if (key == "history_max_entries") {
       std::uint64_t n = 0;
-      if (!absl::SimpleAtoi(value, &n) || n == 0 || n > (std::uint64_t{1} << 32)) {
-        return BadValue(key, value, "an integer number of events from 1 to 4294967296");
+      // The ring's own limit (history_ring.h), checked here so that a bad value is an error where it was
+      // written, not a history that silently records nothing.
+      if (!absl::SimpleAtoi(value, &n) || n == 0 || n > kMaxHistoryEntries) {
+        return BadValue(key, value,
+                        absl::StrCat("an integer number of events from 1 to ", kMaxHistoryEntries,
+                                     " (2^28, the largest history ring)"));
       }
       config.history_max_entries = static_cast<std::size_t>(n);
     } else if (key == "release_lock_on_cudamalloc") {

@@ -162,10 +162,12 @@ absl::Status InvariantChecker::CheckIndexes(ChainWalk& w,
           absl::StrFormat("allocated block 0x%x is missing from the pointer map", b->ptr));
     if (in_index || in_quick)
       return InvariantViolation(absl::StrFormat("allocated block 0x%x is cached as free", b->ptr));
-    e.stats.allocation.Increase(w.small, 1);
-    e.stats.allocated_bytes.Increase(w.small, static_cast<std::int64_t>(b->size));
-    e.stats.requested_bytes.Increase(w.small, static_cast<std::int64_t>(b->requested_size));
-    if (b->size >= parts_.max_split_size) e.stats.oversize_allocations.Increase(w.small, 1);
+    if (!b->OwnerFreed()) {  // a free underway counts as done (only active)
+      e.stats.allocation.Increase(w.small, 1);
+      e.stats.allocated_bytes.Increase(w.small, static_cast<std::int64_t>(b->size));
+      e.stats.requested_bytes.Increase(w.small, static_cast<std::int64_t>(b->requested_size));
+      if (b->size >= parts_.max_split_size) e.stats.oversize_allocations.Increase(w.small, 1);
+    }
   } else {
     // A parked block may keep its entry (stream_shard.h); no other free block has one.
     if (in_map && !in_quick) {

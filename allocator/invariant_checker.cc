@@ -181,7 +181,7 @@ absl::Status InvariantChecker::CheckPools() const {
           static_cast<std::int64_t>(segment->vmm != nullptr ? segment->vmm->mapped_bytes() : segment->size);
       for (const Block* b = segment->head; b != nullptr; b = b->next) {
         if (!b->allocated) continue;
-        allocated += static_cast<std::int64_t>(b->size);
+        if (!b->OwnerFreed()) allocated += static_cast<std::int64_t>(b->size);  // freed, its free underway
         ++live;
       }
     }

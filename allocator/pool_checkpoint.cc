@@ -115,7 +115,9 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(const PrivatePool& pool,
   }
   PoolRestorer restorer({*driver_, history_, shards_, blocks_, device_mu_, segments_, expandable_, captures_},
                         pool.id(), checkpoint);
-  return restorer.Run();
+  absl::StatusOr<RestoreResult> result = restorer.Run();
+  SettleAllPeaks();
+  return result;
 }
 
 }  // namespace graphalloc

@@ -214,7 +214,7 @@ void PoolRestorer::BuildChain(Segment* segment, Rebuild& r) {
 
 void PoolRestorer::Account(const Rebuild& r) {
   for (const Rebuild::ShardDelta& d : r.deltas) {
-    stat_events::BlocksReplaced(d.shard->stats, d.small, d.out, d.in);
+    d.shard->NotePeak(stat_events::BlocksReplaced(d.shard->stats, d.small, d.out, d.in));
     d.shard->pool->AddAllocated(d.in.bytes - d.out.bytes, d.in.blocks - d.out.blocks);
   }
   // What was live only before is freed, what is allocated only now is created; the history says so.

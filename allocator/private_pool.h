@@ -51,6 +51,9 @@ struct PoolOptions {
   // shared with other processes (BlockExporter, docs/sharing.md); Config::shareable_handles does it for
   // every pool.
   bool shareable = false;
+  // Who made the pool, for people: snapshots (PoolSnapshot::owner) and out-of-memory reports name it
+  // ("torch.cuda.MemPool (0, 3)", "CUDA graph pool (1, 0)", "graph tree"). Empty: the tag, if any.
+  std::string owner{};
 };
 
 struct PoolStats {

@@ -237,13 +237,12 @@ absl::Status CachingAllocator::RunDeferredFrees() {
   for (auto& [shard, block] : routes_.TakeDeferredFrees(captures_)) {
     absl::Status s = FreeWithStreamUses(*shard, block);
     if (s.ok()) continue;
-    // The block stays allocated (FreeWithStreamUses' guarantee); its owner already let go of it, so it
-    // waits for the next attempt rather than leaking.
+    // The block stays in the pointer map (FreeWithStreamUses' guarantee) and counted freed (its owner let go
+    // of it when it was deferred), and waits for the next attempt rather than leaking.
     if (first_error.ok()) first_error = s;
-    SpinLockHolder shard_lock(&shard->mu);
-    block->freeing = true;
-    routes_.Defer(shard, block);
+    routes_.Defer(shard, block);  // still freeing
   }
+  SettleAllPeaks();
   return first_error;
 }
 

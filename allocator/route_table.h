@@ -28,7 +28,8 @@ namespace graphalloc {
 
 class RouteTable {
  public:
-  // A free deferred until no capture is underway: the block stays allocated (and `freeing`) meanwhile.
+  // A free deferred until no capture is underway: the block stays in its pointer map, `freeing` and counted
+  // freed (Block::OwnerFreed), meanwhile.
   using DeferredFree = std::pair<StreamShard*, Block*>;
   struct Closed {
     PoolId pool;

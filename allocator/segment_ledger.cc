@@ -3,14 +3,29 @@
 #include <algorithm>
 #include <iterator>
 
+#include "graphalloc/allocator/address_owners.h"
 #include "graphalloc/allocator/block_pool.h"
 #include "graphalloc/allocator/stats/stat_events.h"
 #include "graphalloc/allocator/stream_shard.h"
 
 namespace graphalloc {
 
-SegmentLedger::SegmentLedger(std::size_t max_split_size, HistoryRing& history)
-    : max_split_size_(max_split_size), history_(history) {}
+SegmentLedger::SegmentLedger(std::size_t max_split_size, HistoryRing& history, int device)
+    : max_split_size_(max_split_size), history_(history), device_(device) {}
+
+void SegmentLedger::AddReservation(Segment* segment) {
+  segments_.emplace(segment->base, segment);
+  AddressOwners::Global().Add(segment->base, segment->size, device_);
+}
+
+void SegmentLedger::RemoveReservation(Segment* segment) {
+  segments_.erase(segment->base);
+  AddressOwners::Global().Remove(segment->base, segment->size, device_);
+}
+
+void SegmentLedger::Forget(const Segment& segment) const {
+  AddressOwners::Global().Remove(segment.base, segment.size, device_);
+}
 
 Segment* SegmentLedger::Find(DevicePtr base) const {
   auto it = segments_.find(base);
@@ -26,6 +41,7 @@ Segment* SegmentLedger::Containing(DevicePtr ptr) const {
 
 void SegmentLedger::Link(Segment* segment) {
   segments_.emplace(segment->base, segment);
+  AddressOwners::Global().Add(segment->base, segment->size, device_);
   stat_events::SegmentLinked(stats_, segment->pool->is_small, static_cast<std::int64_t>(segment->size),
                              segment->size >= max_split_size_);
   AddPoolReserved(segment, static_cast<std::int64_t>(segment->size));
@@ -33,6 +49,7 @@ void SegmentLedger::Link(Segment* segment) {
 
 void SegmentLedger::Unlink(Segment* segment) {
   segments_.erase(segment->base);
+  AddressOwners::Global().Remove(segment->base, segment->size, device_);
   stat_events::SegmentUnlinked(stats_, segment->pool->is_small, static_cast<std::int64_t>(segment->size),
                                segment->size >= max_split_size_);
   AddPoolReserved(segment, -static_cast<std::int64_t>(segment->size));

@@ -4,7 +4,9 @@
 //
 // A regular segment is reserved memory as a whole (Link/Unlink). An expandable segment's reservation is
 // listed as soon as it exists (AddReservation) but reserves nothing: its mapped chunks do (ChunkMapped /
-// ChunkUnmapped). Not thread-safe: the allocator keeps it under its device lock.
+// ChunkUnmapped). Every segment's address range is also listed with the process's AddressOwners while it
+// is here, so that a pointer's device can be found without this allocator's locks. Not thread-safe: the
+// allocator keeps it under its device lock.
 #ifndef GRAPHALLOC_ALLOCATOR_SEGMENT_LEDGER_H_
 #define GRAPHALLOC_ALLOCATOR_SEGMENT_LEDGER_H_
 
@@ -23,7 +25,8 @@ class SegmentLedger {
  public:
   using Map = absl::btree_map<DevicePtr, Segment*>;
 
-  SegmentLedger(std::size_t max_split_size, HistoryRing& history);
+  // `device`: the ordinal its segments are listed under in AddressOwners.
+  SegmentLedger(std::size_t max_split_size, HistoryRing& history, int device);
 
   // Every segment, in address order.
   Map::const_iterator begin() const { return segments_.begin(); }
@@ -38,8 +41,10 @@ class SegmentLedger {
   void Link(Segment* segment);
   void Unlink(Segment* segment);
   // An expandable segment's reservation is listed (or no longer): no statistics, its chunks have them.
-  void AddReservation(Segment* segment) { segments_.emplace(segment->base, segment); }
-  void RemoveReservation(Segment* segment) { segments_.erase(segment->base); }
+  void AddReservation(Segment* segment);
+  void RemoveReservation(Segment* segment);
+  // The allocator is going and frees `segment` itself: no longer in AddressOwners (nothing else changes).
+  void Forget(const Segment& segment) const;
   // A chunk was mapped into (or unmapped from) an expandable segment: its chunk map, the statistics, the
   // pool's reserved bytes and the history.
   void ChunkMapped(Segment* segment, const ChunkPlacement& chunk);
@@ -62,6 +67,7 @@ class SegmentLedger {
 
   const std::size_t max_split_size_;
   HistoryRing& history_;
+  const int device_;
   Map segments_;
   DeviceStats stats_;
 };

@@ -17,6 +17,11 @@ absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, Block*
     shard.mu.Unlock();
     return absl::OkStatus();
   }
+  // Freed as far as anyone looking can tell (OwnerFreed): no longer allocated, still active, as PyTorch's
+  // allocator has it from this moment. Its checkPoolLiveAllocations runs on other threads too (NCCL's
+  // watchdog frees tensors recorded on its stream), and must not see this block allocated while its
+  // events are recorded, or all the while a capture defers them.
+  blocks_.CountFreed(shard, block, /*live_block_gone=*/false);
   // Recording events on streams that may be capturing would put them into the graph (and querying them
   // later is illegal): the free waits until the last capture route ends (RunDeferredFrees).
   if (captures_.underway() && routes_.DeferWhileCapturing(&shard, block, captures_)) {
@@ -24,7 +29,14 @@ absl::Status CachingAllocator::FreeUsedOnOtherStreams(StreamShard& shard, Block*
     return absl::OkStatus();
   }
   shard.mu.Unlock();
-  if (absl::Status s = FreeWithStreamUses(shard, block); !s.ok()) return s;
+  if (absl::Status s = FreeWithStreamUses(shard, block); !s.ok()) {
+    // The caller keeps the block: allocated again, exactly as before the call.
+    SpinLockHolder lock(&shard.mu);
+    block->freeing = false;
+    blocks_.UndoCountFreed(shard, block);
+    return s;
+  }
+  SettlePeaks(shard);
   PoolId last_of_orphan = kDefaultPool;
   {
     SpinLockHolder lock(&shard.mu);
@@ -73,14 +85,15 @@ absl::Status CachingAllocator::FreeWithStreamUses(StreamShard& shard, Block* blo
 
   SpinLockHolder lock(&shard.mu);
   shard.idle_events.insert(shard.idle_events.end(), events.begin() + (status.ok() ? live : 0), events.end());
-  block->freeing = false;
-  // On failure the block stays allocated, exactly as before the call.
+  // On failure the block stays in the pointer map, still freeing: the caller gives it back to its owner or
+  // tries again later.
   if (!status.ok()) return status;
+  block->freeing = false;
   shard.RemoveFromPointerMap(block);
   history_.Record(HistoryAction::kFreeRequested, block->ptr, block->requested_size,
                   static_cast<std::uint64_t>(block->stream()), 0);
   block->allocated = false;
-  blocks_.CountFreed(shard, block);
+  if (shard.pool != nullptr) shard.pool->AddAllocated(0, -1);  // its bytes went when its owner freed it
   block->stream_uses.clear();
   if (live == 0) {  // every recorded stream was gone, and the device is synchronized: free now
     blocks_.Release(shard, block);
@@ -118,17 +131,20 @@ void CachingAllocator::ProcessEvents(StreamShard& shard) {
     // An event that cannot be queried is left for EmptyCache's synchronization.
     done[i] = ready.ok() && *ready;
   }
-  SpinLockHolder lock(&shard.mu);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!done[i]) continue;
-    for (auto& [stream, queue] : shard.pending_events) {
-      if (!queue.empty() && queue.front().id == heads[i].id) {
-        CompleteEvent(shard, queue.front());
-        queue.pop_front();
-        break;
+  {
+    SpinLockHolder lock(&shard.mu);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!done[i]) continue;
+      for (auto& [stream, queue] : shard.pending_events) {
+        if (!queue.empty() && queue.front().id == heads[i].id) {
+          CompleteEvent(shard, queue.front());
+          queue.pop_front();
+          break;
+        }
       }
     }
   }
+  SettlePeaks(shard);
 }
 
 absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
@@ -161,6 +177,7 @@ absl::Status CachingAllocator::SynchronizeAndFreeEvents() {
     CompleteEvent(shard, *it);
     queue.erase(it);
   }
+  SettleAllPeaks();
   MutexLock lock(&device_mu_);
   ++segments_.stats().num_sync_all_streams;
   return status;

@@ -64,14 +64,23 @@ struct alignas(64) StreamShard {
   PoolState* pool;  // nullptr: the default pool
 
   mutable SpinLock mu;
+  // Set (under `mu`) when a statistic went past its escrow grant; the allocator then folds the device's
+  // peaks (CachingAllocator::SettlePeaks) once the lock is released, which clears it. Beside the lock: every
+  // allocation and free reads it, and that line is in the cache already.
+  std::atomic<bool> peak_over{false};
   BlockPool small_pool ABSL_GUARDED_BY(mu){true};
   BlockPool large_pool ABSL_GUARDED_BY(mu){false};
   QuickCache quick ABSL_GUARDED_BY(mu);
   BlockArena arena ABSL_GUARDED_BY(mu);
   PointerMap allocated ABSL_GUARDED_BY(mu);  // through AddToPointerMap and RemoveFromPointerMap only
   // Statistics of the blocks of this stream (allocation, active, inactive_split, ... - the per-block ones;
-  // the per-segment ones live with the allocator).
+  // the per-segment ones live with the allocator). Each Stat's `peak` is this shard's escrow grant, not a
+  // peak: the device's exact peaks are the allocator's PeakLedger's (peak_ledger.h).
   DeviceStats stats ABSL_GUARDED_BY(mu);
+  void NotePeak(bool raised) {
+    if (raised) [[unlikely]]
+      peak_over.store(true, std::memory_order_relaxed);
+  }
   std::size_t blocks_in_release ABSL_GUARDED_BY(mu) = 0;  // heads of segments being freed unlocked
 
   // Events recorded on other streams for blocks of this stream, per recorded stream, in record order.

@@ -13,6 +13,7 @@ install(DIRECTORY allocator graph rng DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/gr
         FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
         REGEX "allocator/device/(sim|cuda)/" EXCLUDE REGEX "_internal\\.h$" EXCLUDE)
 install(FILES allocator/c_api/graphalloc.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/graphalloc)
+install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/graphalloc)
 install(EXPORT graphallocTargets NAMESPACE graphalloc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/graphalloc)
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/graphallocConfig.cmake.in

@@ -177,7 +177,27 @@ absl::StatusOr<PhiloxArgs> Generator::Reserve(std::uint64_t increment) {
   if (capture_.has_value()) {
     return PhiloxArgs::Captured(capture_->slots->seed_address(), capture_->slots->offset_address(), start);
   }
-  return PhiloxArgs::Eager(seed_, start);
+  PhiloxArgs args = PhiloxArgs::Eager(seed_, start);
+  args.generator = id_;
+  return args;
+}
+
+absl::StatusOr<PhiloxArgs> Generator::Reserve(std::uint64_t increment, Stream stream) {
+  if (!capturing()) {
+    // A driver query with no lock held; a capture this generator is not in cannot begin meanwhile without
+    // the caller's doing (it owns the stream).
+    absl::StatusOr<CaptureInfo> info = driver_->GetCaptureInfo(stream);
+    if (!info.ok()) return info.status();
+    if (info->status != CaptureStatus::kNone) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "Generator::Reserve(%d) on stream 0x%x: generator %d is drawn from during a CUDA graph capture "
+          "(capture %d) it does not take part in: the graph would bake in its current (seed, offset) and "
+          "every replay would draw the same numbers; call its BeginCapture before the capture begins and "
+          "EndCapture after it ends (a graph tree does that for FunctionOptions::generators)",
+          increment, static_cast<std::uintptr_t>(stream), id_, info->id));
+    }
+  }
+  return Reserve(increment);
 }
 
 absl::Status Generator::BeginCapture(std::uint64_t capture_id) {

@@ -22,7 +22,9 @@
 // PrepareReplay does nothing.
 // A Generator is the graph tree's capture participant (graph/capture_participant.h): listed in
 // FunctionOptions::generators, the tree runs steps 1 to 4 for every recording and launch. Reserve() outside
-// capture mode while a recording is under way on the same thread (graph's RecordingScope) is refused.
+// capture mode while a recording is under way on the same thread (graph's RecordingScope) is refused, and
+// so is a draw during any other capture the generator takes no part in (Reserve(increment, stream), and
+// the random ops given eager values of a generator on a capturing stream): never baked-in state.
 // One capture at a time per generator: while it is active, every Reserve() on this generator belongs to
 // it, from any thread; eager work that must run concurrently uses another Generator.
 // Seeding during a capture is an error unless it sets the same seed.
@@ -123,6 +125,12 @@ class Generator final : public CaptureParticipant {
   // mode while a graph is being recorded on this thread (RecordingScope::Active()): FailedPrecondition,
   // nothing reserved.
   absl::StatusOr<PhiloxArgs> Reserve(std::uint64_t increment);
+  // The same for a kernel launched on `stream`, which is checked: outside capture mode, a `stream` that is
+  // capturing a graph (a raw capture this generator takes no part in, not the graph tree's) is
+  // FailedPrecondition naming the generator and the capture, nothing reserved, since the graph would bake
+  // the eager (seed, offset) in and every replay draw the same numbers. (The random ops check eager values
+  // of a generator against their stream too.)
+  absl::StatusOr<PhiloxArgs> Reserve(std::uint64_t increment, Stream stream);
 
   // Graph capture protocol (see the top of this file). `capture_id` is the caller's non-zero id of the
   // capture (e.g. a graph session id); it tags capture-relative states.

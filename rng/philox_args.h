@@ -30,6 +30,9 @@ struct PhiloxArgs {
   std::uint64_t offset_address = 0;
   std::uint64_t intragraph_offset = 0;
   bool captured = false;
+  // The Generator that reserved eager values (its id; 0: made by hand). A random op refuses eager values of
+  // a generator on a stream that is capturing a graph, naming the generator: the graph would replay them.
+  std::uint64_t generator = 0;
 
   static constexpr PhiloxArgs Eager(std::uint64_t seed, std::uint64_t offset) {
     PhiloxArgs a;

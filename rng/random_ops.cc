@@ -30,6 +30,20 @@ absl::Status CheckArgs(std::string_view op, const PhiloxArgs& args) {
   return absl::OkStatus();
 }
 
+// A draw with a generator's eager values on a stream that is capturing a graph: every replay of the graph
+// would draw the same numbers (the values travel as kernel arguments). Refused, naming the generator.
+absl::Status CheckNotBakedIn(std::string_view op, Driver& driver, Stream stream, const PhiloxArgs& args) {
+  if (args.captured || args.generator == 0) return absl::OkStatus();
+  absl::StatusOr<CaptureInfo> info = driver.GetCaptureInfo(stream);
+  if (!info.ok() || info->status == CaptureStatus::kNone) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s on stream 0x%x: generator %d's values (seed %d, offset %d) were reserved outside the CUDA graph "
+      "capture this stream is in (capture %d), so every replay would draw the same numbers; let the "
+      "generator take part (Generator::BeginCapture before the capture begins, or FunctionOptions::"
+      "generators in a graph tree) and reserve during the capture",
+      op, static_cast<std::uintptr_t>(stream), args.generator, args.seed, args.offset, info->id));
+}
+
 absl::Status CheckBuffer(std::string_view op, std::string_view name, DevicePtr ptr, std::size_t n) {
   if (ptr == 0 && n > 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -69,6 +83,7 @@ absl::Status EnqueueFill(std::string_view op, Driver& driver, Stream stream, Dev
                          ElementType type, Distribution dist, const PhiloxArgs& args) {
   if (absl::Status s = CheckBuffer(op, "out", out, n); !s.ok()) return s;
   if (absl::Status s = CheckArgs(op, args); !s.ok()) return s;
+  if (absl::Status s = CheckNotBakedIn(op, driver, stream, args); !s.ok()) return s;
   if (n == 0) return absl::OkStatus();
   if (driver.Kind() == "sim") {
     return driver.LaunchHostFunction(stream, [out, n, type, dist, args] {
@@ -149,6 +164,8 @@ absl::Status FillNormal(Driver& driver, Stream stream, DevicePtr out, std::size_
 
 absl::Status DropoutForward(Driver& driver, Stream stream, DevicePtr in, DevicePtr out, std::size_t n,
                             DType dtype, float p, const PhiloxArgs& args) {
+  // A forward draws its mask; a backward recomputes the forward's, whatever they were.
+  if (absl::Status s = CheckNotBakedIn("DropoutForward", driver, stream, args); !s.ok()) return s;
   return EnqueueDropout("DropoutForward", driver, stream, in, out, n, dtype, p, args);
 }
 

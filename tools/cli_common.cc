@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <iterator>
@@ -34,9 +37,18 @@ absl::StatusOr<std::string> ReadInput(const std::string& path) {
 
 absl::Status WriteOutput(const std::string& path, absl::string_view bytes) {
   if (path == "-") {
+    errno = 0;  // std::cout writes through stdout's buffer, and its flush flushes stdout
     std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     std::cout.flush();
-    if (!std::cout) return absl::InternalError("-: write error on stdout");
+    int error = errno;
+    const bool flushed = std::fflush(stdout) == 0;
+    if (error == 0) error = errno;
+    if (!flushed || std::ferror(stdout) || !std::cout) {
+      std::clearerr(stdout);  // reported here, by the caller: not again when main() flushes
+      std::cout.clear();
+      return absl::InternalError(
+          absl::StrCat("-: cannot write to stdout: ", error != 0 ? std::strerror(error) : "write error"));
+    }
     return absl::OkStatus();
   }
   return WriteFileBytes(path, bytes);

@@ -1,15 +1,24 @@
-// The graphalloc command-line tool: main() only wires the subcommands together.
+// The graphalloc command-line tool: main() only wires the subcommands together, and makes sure what they
+// print on stdout arrived.
 //
 // Each subcommand lives in its own file and registers itself onto the CLI11 app (AddXCommand(app)). Its
 // callback prints its result and reports failure by throwing CLI::RuntimeError(code); the exit codes are
-// tools/cli_common.h's, the same for every subcommand.
+// tools/cli_common.h's, the same for every subcommand. Output that could not be written (a full disk, a
+// closed pipe) is an error too: exit 2 with the reason, never 0 with the output lost.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <string>
 
 #include "graphalloc/allocator/c_api/graphalloc.h"
 #include "tools/cli_common.h"
 #include "tools/device_command.h"
+#include "tools/oom_report_command.h"
 #include "tools/replay_command.h"
 #include "tools/snapshot_command.h"
 
@@ -32,9 +41,37 @@ std::string UnknownSubcommand(CLI::App& app, int argc, char** argv, std::string*
   return "";
 }
 
+// Flushes stdout; on failure says why on stderr and returns kExitCannotWrite, else `code`.
+int FinishStdout(int code) {
+  // std::cout writes through stdout (synced with stdio), and its flush flushes stdout: the first failing
+  // write sets errno.
+  errno = 0;
+  std::cout.flush();
+  int error = errno;
+  const bool flushed = std::fflush(stdout) == 0;
+  if (error == 0) error = errno;
+  if (flushed && !std::ferror(stdout) && std::cout.good()) return code;
+  std::cerr << "graphalloc: cannot write the output to stdout: "
+            << (error != 0 ? std::strerror(error) : "write error") << "\n";
+  return graphalloc::tools::kExitCannotWrite;
+}
+
+int Run(int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed pipe is a write error to report (EPIPE), not a silent death by SIGPIPE. Output to a file or a
+  // pipe goes out in one buffer, so that a failure shows at the final flush with its errno.
+  std::signal(SIGPIPE, SIG_IGN);
+  static char buffer[1 << 20];
+  if (isatty(STDOUT_FILENO) == 0) std::setvbuf(stdout, buffer, _IOFBF, sizeof(buffer));
+  return FinishStdout(Run(argc, argv));
+}
+
+namespace {
+
+int Run(int argc, char** argv) {
   CLI::App app{
       "graphalloc: a caching CUDA memory allocator with private pools; inspection and self-check tool\n"
       "Exit codes: 0 ok, 1 a failed check (snapshot check, a replay out of memory, the device check), "
@@ -46,6 +83,7 @@ int main(int argc, char** argv) {
   graphalloc::tools::AddDeviceCommand(app);
   graphalloc::tools::AddReplayCommand(app);
   graphalloc::tools::AddSnapshotCommand(app);
+  graphalloc::tools::AddOomReportCommand(app);
 
   std::string path;
   if (const std::string unknown = UnknownSubcommand(app, argc, argv, &path); !unknown.empty()) {
@@ -68,3 +106,5 @@ int main(int argc, char** argv) {
   }
   return graphalloc::tools::kExitOk;
 }
+
+}  // namespace

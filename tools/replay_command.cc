@@ -55,6 +55,7 @@ struct ReplayCliOptions {
   bool json = false;
   std::string snapshot;  // write snapshots at the peak (this path) and at the end (".end" inserted)
   std::size_t history_max = kDefaultHistoryMax;  // history events a snapshot keeps (the newest)
+  bool allow_partial_history = false;            // replay a snapshot's partial history, saying so
 };
 
 // Where the snapshot taken at `label` goes: the path itself for the peak, "x.end.json" for the end.
@@ -164,6 +165,9 @@ void PrintText(const ReplayCliOptions& options, const Trace& trace, const std::s
                const std::optional<MinCapacity>& min) {
   const ReplayResult& r = run.result;
   std::cout << "Trace:         " << trace.name << " (" << options.trace << ")\n";
+  if (!trace.partial.empty()) {
+    std::cout << "Partial:       " << trace.partial << "; the figures below are of the part replayed\n";
+  }
   std::cout << "Device:        " << run.device_name << " (" << kind << "), " << FormatBytes(run.device_total)
             << " total";
   if (kind == "cuda" && run.device_free.has_value())
@@ -187,10 +191,12 @@ void PrintText(const ReplayCliOptions& options, const Trace& trace, const std::s
   std::cout << "Peak reserved: " << FormatBytesExact(r.peak_reserved_bytes) << "\n";
   std::cout << "Ratio:         " << absl::StrFormat("%.3f", r.ratio) << "\n";
   if (r.completed) {
-    std::cout << "Completed:     yes\n";
+    std::cout << (trace.partial.empty() ? "Completed:     yes\n"
+                                        : "Completed:     yes, of a partial history (not the whole run)\n");
   } else {
+    // The out-of-memory error explains itself over several lines (allocator/snapshot/oom_report.h).
     std::cout << "Completed:     no: at " << r.failure->where << " (event " << r.failure->event_index
-              << "): " << r.failure->message << "\n";
+              << "): " << absl::StripTrailingAsciiWhitespace(r.failure->message) << "\n";
   }
   std::cout << "Time per op:   " << absl::StrFormat("%.1f ns", r.ns_per_op)
             << absl::StrFormat(" (replay loop %.3f s)", r.wall_seconds) << "\n";
@@ -223,6 +229,7 @@ void PrintJson(const ReplayCliOptions& options, const Trace& trace, const std::s
       {"peak_reserved_bytes", r.peak_reserved_bytes},
       {"ratio", r.ratio},
       {"completed", r.completed},
+      {"partial_history", trace.partial.empty() ? nlohmann::json(nullptr) : nlohmann::json(trace.partial)},
       {"wall_seconds", r.wall_seconds},
       {"ns_per_op", r.ns_per_op},
   };
@@ -248,9 +255,21 @@ int RunReplay(const ReplayCliOptions& options) {
   };
   absl::StatusOr<Config> config = ResolveConfig(options.config);
   if (!config.ok()) return fail(kExitBadInput, config.status().message());
-  absl::StatusOr<Trace> trace = [&] {
+  if (options.snapshot == "-") {
+    return fail(
+        kExitBadInput,
+        "--snapshot -: a replay writes two snapshots (at the peak and at the end, or at an out of memory "
+        "stop), which cannot share stdout; give a file name");
+  }
+  absl::StatusOr<Trace> trace = [&]() -> absl::StatusOr<Trace> {
     Progress progress("graphalloc replay: reading the trace");
-    return ReadTrace(options.trace);
+    const TraceReadOptions read{.allow_partial_history = options.allow_partial_history};
+    if (options.trace == "-") {  // stdin, as everywhere a file is read
+      absl::StatusOr<std::string> bytes = ReadInput("-");
+      if (!bytes.ok()) return bytes.status();
+      return TraceFromBytes(*std::move(bytes), "(stdin)", read);
+    }
+    return ReadTrace(options.trace, read);
   }();
   if (!trace.ok()) return fail(kExitBadInput, trace.status().message());
   std::string no_gpu;
@@ -372,7 +391,11 @@ void AddReplayCommand(CLI::App& app) {
   CLI::App* command = app.add_subcommand(
       "replay",
       "Replay an allocation trace (PyTorch CSV, plain or gzip'd) and report peak reserved / peak live");
-  command->add_option("trace", options->trace, "The trace file (action,addr,size,stream,time_us)")
+  command
+      ->add_option(
+          "trace", options->trace,
+          "The trace file (action,addr,size,stream,time_us; plain or gzip'd), or a snapshot with its "
+          "history; - for stdin")
       ->required();
   command
       ->add_option("--device", options->device, "auto (the GPU if there is one, else simulated), sim or cuda")
@@ -402,8 +425,12 @@ void AddReplayCommand(CLI::App& app) {
           "--history-max", options->history_max,
           "With --snapshot: keep the newest N history events; older ones are dropped and the snapshot "
           "says so (keeping every event of a 3M-event trace made snapshots of 530 MB)")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 32))
+      ->check(CLI::Range(std::size_t{1}, kMaxHistoryEntries))
       ->capture_default_str();
+  command->add_flag(
+      "--allow-partial-history", options->allow_partial_history,
+      "Replay a snapshot whose history is not the whole run (it overflowed, or began after blocks "
+      "were allocated), saying so; refused otherwise");
   command->callback([options] {
     if (int code = RunReplay(*options); code != 0) throw CLI::RuntimeError(code);
   });

@@ -7,9 +7,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
 #include "graphalloc/allocator/snapshot/torch_snapshot.h"
 #include "tools/cli_common.h"
@@ -27,17 +29,38 @@ struct SnapshotCliOptions {
   int device = -1;
 };
 
-absl::StatusOr<MemorySnapshot> ParseAnySnapshot(const std::string& bytes, const std::string& path) {
-  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80)
-    return SnapshotFromTorchPickle(bytes, path);
-  return SnapshotFromJson(bytes, path);
+// A PyTorch pickle's device `device` (-1: the lowest with data). A pickle of several devices shows one of
+// them: `note` then says which, and how to see another.
+absl::StatusOr<MemorySnapshot> ReadPickle(const std::string& bytes, const std::string& path, int device,
+                                          std::string* note) {
+  std::vector<int> devices;
+  absl::StatusOr<MemorySnapshot> s = SnapshotFromTorchPickle(bytes, path, device, &devices);
+  if (s.ok() && device < 0 && devices.size() > 1 && note != nullptr) {
+    *note = absl::StrCat(path, " holds devices ", absl::StrJoin(devices, ", "), "; this is device ",
+                         s->device.ordinal, " (--device N shows another)");
+  }
+  return s;
 }
 
-MemorySnapshot LoadOrFail(absl::string_view command, const std::string& path) {
-  absl::StatusOr<std::string> bytes = ReadInput(path);
-  if (!bytes.ok()) Fail(absl::StrCat("snapshot ", command), kExitBadInput, bytes.status().message());
-  absl::StatusOr<MemorySnapshot> s = ParseAnySnapshot(*bytes, path == "-" ? "(stdin)" : path);
-  if (!s.ok()) Fail(absl::StrCat("snapshot ", command), kExitBadInput, s.status().message());
+absl::StatusOr<MemorySnapshot> ParseAnySnapshot(const std::string& bytes, const std::string& path, int device,
+                                                std::string* note) {
+  if (!bytes.empty() && static_cast<unsigned char>(bytes[0]) == 0x80)
+    return ReadPickle(bytes, path, device, note);
+  absl::StatusOr<MemorySnapshot> s = SnapshotFromJson(bytes, path);
+  if (s.ok() && device >= 0 && device != s->device.ordinal) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a graphalloc snapshot of device ",
+                                                   s->device.ordinal, " alone; --device ", device,
+                                                   " names another"));
+  }
+  return s;
+}
+
+MemorySnapshot LoadOrFail(absl::string_view command, const std::string& path, int device) {
+  const std::string name = absl::StrCat("snapshot ", command);
+  std::string note;
+  absl::StatusOr<MemorySnapshot> s = LoadAnySnapshot(path, device, &note);
+  if (!s.ok()) Fail(name, kExitBadInput, s.status().message());
+  if (!note.empty()) std::cerr << "graphalloc " << name << ": " << note << "\n";
   return *std::move(s);
 }
 
@@ -52,12 +75,23 @@ void ReportWritten(const std::string& path, absl::string_view details) {
   (path == "-" ? std::cerr : std::cout) << "wrote " << (path == "-" ? "stdout" : path) << details << "\n";
 }
 
+// --device N: which device of a PyTorch pickle to show (default: the lowest with data, and the choice is
+// said on stderr when there are several).
+void AddDeviceOption(CLI::App* command, const std::shared_ptr<SnapshotCliOptions>& options) {
+  command
+      ->add_option("--device", options->device,
+                   "A PyTorch pickle's device to show (default: the lowest with data; stderr says so when "
+                   "the pickle holds several)")
+      ->check(NonNegative());
+}
+
 CLI::App* AddFileCommand(CLI::App* parent, const std::string& name, const std::string& help,
                          const std::shared_ptr<SnapshotCliOptions>& options) {
   CLI::App* command = parent->add_subcommand(name, help);
   command
       ->add_option("file", options->file, "Snapshot file (graphalloc JSON, or a PyTorch pickle; - for stdin)")
       ->required();
+  AddDeviceOption(command, options);
   return command;
 }
 
@@ -72,10 +106,10 @@ void AddTopOption(CLI::App* command, const std::shared_ptr<SnapshotCliOptions>& 
 
 }  // namespace
 
-absl::StatusOr<MemorySnapshot> LoadAnySnapshot(const std::string& path) {
+absl::StatusOr<MemorySnapshot> LoadAnySnapshot(const std::string& path, int device, std::string* note) {
   absl::StatusOr<std::string> bytes = ReadInput(path);
   if (!bytes.ok()) return bytes.status();
-  return ParseAnySnapshot(*bytes, path);
+  return ParseAnySnapshot(*bytes, path == "-" ? "(stdin)" : path, device, note);
 }
 
 void AddSnapshotCommand(CLI::App& app) {
@@ -95,7 +129,7 @@ void AddSnapshotCommand(CLI::App& app) {
   auto brief = std::make_shared<bool>(false);
   summary->add_flag("--brief", *brief, "Only the totals, the top allocations and the history's length");
   summary->callback([options, brief] {
-    const MemorySnapshot s = LoadOrFail("summary", options->file);
+    const MemorySnapshot s = LoadOrFail("summary", options->file, options->device);
     std::cout << (options->json ? RenderSummaryJson(s, options->top)
                                 : RenderSummaryText(s, options->file, options->top, *brief));
   });
@@ -104,7 +138,7 @@ void AddSnapshotCommand(CLI::App& app) {
       AddFileCommand(snapshot, "segments", "A text map of each segment, block by block", options);
   AddJsonFlag(segments, options);
   segments->callback([options] {
-    const MemorySnapshot s = LoadOrFail("segments", options->file);
+    const MemorySnapshot s = LoadOrFail("segments", options->file, options->device);
     std::cout << (options->json ? RenderSegmentsJson(s) : RenderSegmentsText(s));
   });
 
@@ -125,7 +159,7 @@ void AddSnapshotCommand(CLI::App& app) {
       Fail("snapshot plot", kExitBadInput,
            absl::StrCat("-o ", options->output, ": the output must end in .svg or .html (or be -)"));
     }
-    const MemorySnapshot s = LoadOrFail("plot", options->file);
+    const MemorySnapshot s = LoadOrFail("plot", options->file, options->device);
     Progress progress("graphalloc snapshot plot: drawing");
     WriteOrFail("plot", options->output, html ? RenderHtml(s, options->file) : RenderSvg(s, options->file));
     ReportWritten(options->output,
@@ -138,13 +172,14 @@ void AddSnapshotCommand(CLI::App& app) {
   diff->add_option("before", options->file, "The earlier snapshot (- for stdin)")->required();
   diff->add_option("after", options->other, "The later snapshot")->required();
   AddTopOption(diff, options, "Length of each list");
+  AddDeviceOption(diff, options);
   AddJsonFlag(diff, options);
   diff->callback([options] {
     if (options->file == "-" && options->other == "-") {
       Fail("snapshot diff", kExitBadInput, "only one of the two snapshots can be read from stdin (-)");
     }
-    const MemorySnapshot a = LoadOrFail("diff", options->file);
-    const MemorySnapshot b = LoadOrFail("diff", options->other);
+    const MemorySnapshot a = LoadOrFail("diff", options->file, options->device);
+    const MemorySnapshot b = LoadOrFail("diff", options->other, options->device);
     std::cout << (options->json ? RenderDiffJson(a, b)
                                 : RenderDiffText(a, b, options->file, options->other, options->top));
   });
@@ -155,7 +190,7 @@ void AddSnapshotCommand(CLI::App& app) {
       options);
   AddJsonFlag(check, options);
   check->callback([options] {
-    const MemorySnapshot s = LoadOrFail("check", options->file);
+    const MemorySnapshot s = LoadOrFail("check", options->file, options->device);
     const absl::Status st = CheckStatsConsistency(s);
     if (options->json) {
       nlohmann::json out = {{"file", options->file},
@@ -178,7 +213,7 @@ void AddSnapshotCommand(CLI::App& app) {
       options);
   export_torch->add_option("-o,--output", options->output, "OUT.pickle; - for stdout")->required();
   export_torch->callback([options] {
-    const MemorySnapshot s = LoadOrFail("export-torch", options->file);
+    const MemorySnapshot s = LoadOrFail("export-torch", options->file, options->device);
     WriteOrFail("export-torch", options->output, SnapshotToTorchPickle(s));
     ReportWritten(options->output, "");
   });
@@ -187,18 +222,19 @@ void AddSnapshotCommand(CLI::App& app) {
       "import-torch", "Convert a snapshot written by torch.cuda.memory._dump_snapshot() to graphalloc JSON");
   import_torch->add_option("pickle", options->file, "IN.pickle (- for stdin)")->required();
   import_torch->add_option("-o,--output", options->output, "OUT.json; - for stdout")->required();
-  import_torch
-      ->add_option("--device", options->device,
-                   "Device to keep (default: the lowest with data); an error when it has none")
-      ->check(NonNegative());
+  AddDeviceOption(import_torch, options);
   import_torch->callback([options] {
     absl::StatusOr<std::string> bytes = ReadInput(options->file);
     if (!bytes.ok()) Fail("snapshot import-torch", kExitBadInput, bytes.status().message());
-    absl::StatusOr<MemorySnapshot> s = SnapshotFromTorchPickle(*bytes, options->file, options->device);
-    if (!s.ok()) Fail("snapshot import-torch", kExitBadInput, s.status().message());
-    WriteOrFail("import-torch", options->output, SnapshotToJson(*s));
-    ReportWritten(options->output, absl::StrCat(" (", s->segments.size(), " segments, ", s->history.size(),
-                                                " history events)"));
+    std::string note;
+    absl::StatusOr<MemorySnapshot> read =
+        ReadPickle(*bytes, options->file == "-" ? "(stdin)" : options->file, options->device, &note);
+    if (!read.ok()) Fail("snapshot import-torch", kExitBadInput, read.status().message());
+    if (!note.empty()) std::cerr << "graphalloc snapshot import-torch: " << note << "\n";
+    const MemorySnapshot& s = *read;
+    WriteOrFail("import-torch", options->output, SnapshotToJson(s));
+    ReportWritten(options->output,
+                  absl::StrCat(" (", s.segments.size(), " segments, ", s.history.size(), " history events)"));
   });
 }
 

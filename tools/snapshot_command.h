@@ -17,8 +17,11 @@ namespace graphalloc::tools {
 void AddSnapshotCommand(CLI::App& app);
 
 // Reads a snapshot file ("-": stdin): graphalloc JSON, or a PyTorch memory snapshot pickle (recognized by
-// its first byte, the pickle PROTO opcode).
-absl::StatusOr<MemorySnapshot> LoadAnySnapshot(const std::string& path);
+// its first byte, the pickle PROTO opcode). `device`: a pickle's device to keep (-1: the lowest with data);
+// for a graphalloc snapshot, -1 or its own device. When a pickle holds several devices and `device` is -1,
+// `note` (if given) says which one this is.
+absl::StatusOr<MemorySnapshot> LoadAnySnapshot(const std::string& path, int device = -1,
+                                               std::string* note = nullptr);
 
 }  // namespace graphalloc::tools
 

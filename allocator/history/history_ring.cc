@@ -53,19 +53,47 @@ class Symbolizer {
 
 }  // namespace
 
+HistoryRing::Page::Page(std::size_t slot_count, bool stacks)
+    : slots(new Slot[slot_count]),
+      frames(stacks ? new std::atomic<std::uintptr_t>[slot_count * kMaxHistoryFrames] : nullptr) {}
+
 HistoryRing::Buffer::Buffer(std::size_t capacity_in, bool stacks_in)
     : capacity(capacity_in),
       mask(std::bit_ceil(capacity_in) - 1),
+      page_shift(static_cast<std::size_t>(std::countr_zero(std::min(mask + 1, kHistoryPageSlots)))),
+      page_mask((std::size_t{1} << page_shift) - 1),
       stacks(stacks_in),
-      slots(new Slot[mask + 1]) {
+      pages(new std::atomic<Page*>[(mask + 1) >> page_shift]) {
+  for (std::size_t i = 0; i < (mask + 1) >> page_shift; ++i)
+    pages[i].store(nullptr, std::memory_order_relaxed);
   if (stacks) {
-    frames.reset(new std::atomic<std::uintptr_t>[(mask + 1) * kMaxHistoryFrames]);
     void* warm[2];
     backtrace(warm, 2);  // the first call loads the unwinder (and allocates): do it here, not in Record
   }
   origin_ticks = Now();
   origin_steady_ns = static_cast<std::int64_t>(SteadyNanos());
   origin_unix_ns = UnixNanos();
+}
+
+HistoryRing::Buffer::~Buffer() {
+  for (std::size_t i = 0; i < (mask + 1) >> page_shift; ++i) delete pages[i].load(std::memory_order_acquire);
+}
+
+HistoryRing::Page* HistoryRing::Buffer::MakePage(std::size_t i) {
+  Page* made = new Page(page_mask + 1, stacks);
+  Page* expected = nullptr;
+  if (!pages[i].compare_exchange_strong(expected, made, std::memory_order_acq_rel)) {
+    delete made;  // another recorder made it first
+    return expected;
+  }
+  pages_made.fetch_add(1, std::memory_order_relaxed);
+  return made;
+}
+
+std::size_t HistoryRing::AllocatedSlots() const {
+  MutexLock lock(&mu_);
+  if (current_ == nullptr) return 0;
+  return current_->pages_made.load(std::memory_order_relaxed) * (current_->page_mask + 1);
 }
 
 HistoryRing::~HistoryRing() = default;
@@ -76,16 +104,16 @@ std::uint64_t HistoryRing::SteadyNanos() {
                                         .count());
 }
 
-void HistoryRing::CaptureStack(Buffer& buffer, std::size_t index) {
+void HistoryRing::CaptureStack(Page& page, std::size_t offset) {
   void* pcs[kMaxHistoryFrames + 1];
   const int n = backtrace(pcs, kMaxHistoryFrames + 1);
   // Frame 0 is this function; the caller of Record() (which is inline) comes next.
   const int depth = std::max(0, n - 1);
-  std::atomic<std::uintptr_t>* out = &buffer.frames[index * kMaxHistoryFrames];
+  std::atomic<std::uintptr_t>* out = &page.frames[offset * kMaxHistoryFrames];
   for (int i = 0; i < depth; ++i) {
     out[i].store(reinterpret_cast<std::uintptr_t>(pcs[i + 1]), std::memory_order_release);
   }
-  buffer.slots[index].depth.store(static_cast<std::uint8_t>(depth), std::memory_order_release);
+  page.slots[offset].depth.store(static_cast<std::uint8_t>(depth), std::memory_order_release);
 }
 
 absl::Status HistoryRing::RecordHistory(const HistoryOptions& options) {
@@ -93,8 +121,8 @@ absl::Status HistoryRing::RecordHistory(const HistoryOptions& options) {
     return absl::InvalidArgumentError("history max_entries must be at least 1 when recording is enabled");
   }
   if (options.enabled && options.max_entries > kMaxHistoryEntries) {
-    // The ring is allocated whole, rounded up to a power of two: a larger request is a mistake (or
-    // PyTorch's "unbounded" sys.maxsize), never memory the process could have.
+    // Even grown page by page, a full ring that large is more memory than a process should spend on history
+    // (and PyTorch's "unbounded" sys.maxsize is a mistake here): refused, saying the limit.
     return absl::InvalidArgumentError(absl::StrCat("history max_entries ", options.max_entries,
                                                    " exceeds the largest ring, ", kMaxHistoryEntries,
                                                    " events"));
@@ -159,7 +187,13 @@ HistoryContents HistoryRing::Read() const {
   std::uintptr_t pcs[kMaxHistoryFrames];
   for (std::uint64_t t = begin; t < end; ++t) {
     const std::size_t index = static_cast<std::size_t>(t & buffer->mask);
-    const Slot& slot = buffer->slots[index];
+    const Page* page = buffer->pages[index >> buffer->page_shift].load(std::memory_order_acquire);
+    if (page == nullptr) {  // its first recorder is making it
+      ++out.skipped;
+      continue;
+    }
+    const std::size_t offset = index & buffer->page_mask;
+    const Slot& slot = page->slots[offset];
     const std::uint64_t seq = slot.seq.load(std::memory_order_acquire);
     if (seq != 2 * t + 2) {
       ++out.skipped;
@@ -175,7 +209,7 @@ HistoryContents HistoryRing::Read() const {
     const std::uint32_t annotation = slot.annotation.load(std::memory_order_acquire);
     const int depth = std::min<int>(slot.depth.load(std::memory_order_acquire), kMaxHistoryFrames);
     for (int i = 0; buffer->stacks && i < depth; ++i) {
-      pcs[i] = buffer->frames[index * kMaxHistoryFrames + i].load(std::memory_order_acquire);
+      pcs[i] = page->frames[offset * kMaxHistoryFrames + i].load(std::memory_order_acquire);
     }
     if (slot.seq.load(std::memory_order_relaxed) != seq || action >= kNumHistoryActions) {
       ++out.skipped;

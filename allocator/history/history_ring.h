@@ -1,9 +1,13 @@
 // Allocation history: a bounded ring of allocator events (alloc, free, segment map/unmap, oom, ...) that
 // the caching allocator records on its hot path and a snapshot reads out (MemorySnapshot::history).
 //
-// Recording is lock-free and allocation-free: one atomic fetch_add takes a ticket, the ticket picks a slot
-// of a preallocated array of plain records (max_entries rounded up to a power of two, so no division), and a
-// per-slot sequence number (a seqlock) lets a reader detect a slot being overwritten while it reads it. No
+// Recording is lock-free: one atomic fetch_add takes a ticket, the ticket picks a slot of a ring of plain
+// records (max_entries rounded up to a power of two, so no division), and a per-slot sequence number (a
+// seqlock) lets a reader detect a slot being overwritten while it reads it. The ring grows as it fills: its
+// slots come in pages of kHistoryPageSlots, each allocated by the first ticket that reaches it (one
+// allocation per 4096 events while the ring fills, none once it has wrapped), so memory follows the events
+// recorded, not max_entries (PyTorch users ask for sys.maxsize; 10^8 entries allocated whole took 7.35 GB and
+// 28 s before the first allocation could run). No
 // strings are formatted and no clock call is made at record time: the time is the CPU's timestamp counter,
 // converted to microseconds when the history is read. Optionally each record keeps up to kMaxHistoryFrames
 // return addresses (backtrace()), symbolized only when the history is read (dladdr + demangling, each
@@ -36,8 +40,11 @@
 namespace graphalloc {
 
 inline constexpr int kMaxHistoryFrames = 16;
-// The largest ring RecordHistory accepts: 2^28 events, about 15 GB of slots (more with stacks).
+// The largest ring RecordHistory accepts: 2^28 events, about 15 GB of slots once full (more with stacks).
+// Config (history_max_entries), the CLI (--history-max), the C ABI and Python check it first.
 inline constexpr std::size_t kMaxHistoryEntries = std::size_t{1} << 28;
+// Slots per page of a ring (fewer in a ring that has fewer).
+inline constexpr std::size_t kHistoryPageSlots = std::size_t{1} << 12;
 
 struct HistoryOptions {
   bool enabled = false;
@@ -107,7 +114,8 @@ class HistoryRing {
   bool enabled() const { return active_.load(std::memory_order_relaxed) != nullptr; }
 
   // Records one event when enabled; a no-op (one atomic load) when not. Safe from any thread, with any
-  // lock held: it never blocks, allocates or calls into the driver. For kOom pass the device's free
+  // lock held: it never blocks or calls into the driver, and allocates only the first time a ticket
+  // reaches a page of the ring (kHistoryPageSlots events). For kOom pass the device's free
   // bytes as `address` and the failed request as `size`; for kSnapshot address 0.
   void Record(HistoryAction action, std::uint64_t address, std::uint64_t size, std::uint64_t stream,
               std::uint64_t pool_id, std::uint32_t annotation = CurrentAnnotation()) {
@@ -115,7 +123,11 @@ class HistoryRing {
     if (buffer == nullptr) return;
     const std::uint64_t ticket = buffer->next.fetch_add(1, std::memory_order_relaxed);
     const std::size_t index = static_cast<std::size_t>(ticket & buffer->mask);
-    Slot& slot = buffer->slots[index];
+    Page* page = buffer->pages[index >> buffer->page_shift].load(std::memory_order_acquire);
+    if (page == nullptr) [[unlikely]]
+      page = buffer->MakePage(index >> buffer->page_shift);
+    const std::size_t offset = index & buffer->page_mask;
+    Slot& slot = page->slots[offset];
     // Writers of one slot are mask + 1 tickets apart, so they meet only when one was delayed that long
     // (preempted while the others lapped the ring). A writer claims the slot by moving its sequence number
     // from even (complete) to its own odd one; a newer ticket wins, and an older writer arriving late drops
@@ -141,7 +153,7 @@ class HistoryRing {
     slot.annotation.store(annotation, std::memory_order_release);
     slot.action.store(static_cast<std::uint8_t>(action), std::memory_order_release);
     if (buffer->stacks) {
-      CaptureStack(*buffer, index);
+      CaptureStack(*page, offset);
     } else {
       slot.depth.store(0, std::memory_order_release);
     }
@@ -158,6 +170,9 @@ class HistoryRing {
   // Drops every recorded event (the options and the buffer stay).
   void Clear();
 
+  // Slots allocated for the current ring so far (memory follows the events recorded, not max_entries).
+  std::size_t AllocatedSlots() const;
+
  private:
   // One event. Every field is atomic so that a concurrent reader is well defined (on x86 these accesses
   // compile to plain moves); `seq` is 0 for a never-written slot, 2t+1 while ticket t writes it and 2t+2
@@ -173,18 +188,29 @@ class HistoryRing {
     std::atomic<std::uint8_t> action{0};
     std::atomic<std::uint8_t> depth{0};
   };
+  // A page of slots, and their frames when stacks are recorded (slots * kMaxHistoryFrames).
+  struct Page {
+    Page(std::size_t slots, bool stacks);
+    std::unique_ptr<Slot[]> slots;
+    std::unique_ptr<std::atomic<std::uintptr_t>[]> frames;
+  };
   struct Buffer {
     Buffer(std::size_t capacity, bool stacks);
-    const std::size_t capacity;  // max_entries: the newest `capacity` events are kept
-    const std::size_t mask;      // slots - 1; the slot count is capacity rounded up to a power of two
+    ~Buffer();
+    // Page `i`, made now unless another recorder made it first.
+    Page* MakePage(std::size_t i);
+    const std::size_t capacity;    // max_entries: the newest `capacity` events are kept
+    const std::size_t mask;        // slots - 1; the slot count is capacity rounded up to a power of two
+    const std::size_t page_shift;  // log2 of the slots per page
+    const std::size_t page_mask;   // slots per page - 1
     const bool stacks;
-    std::unique_ptr<Slot[]> slots;
-    std::unique_ptr<std::atomic<std::uintptr_t>[]> frames;  // slots * kMaxHistoryFrames, when stacks
-    std::uint64_t origin_ticks;                             // Now() when made
-    std::int64_t origin_steady_ns;                          // steady clock at the same moment
-    std::int64_t origin_unix_ns;                            // wall clock at the same moment
-    std::atomic<std::uint64_t> floor{0};                    // tickets below it were cleared
-    alignas(64) std::atomic<std::uint64_t> next{0};         // the next ticket
+    std::unique_ptr<std::atomic<Page*>[]> pages;  // (mask + 1) >> page_shift of them, null until reached
+    std::atomic<std::size_t> pages_made{0};
+    std::uint64_t origin_ticks;                      // Now() when made
+    std::int64_t origin_steady_ns;                   // steady clock at the same moment
+    std::int64_t origin_unix_ns;                     // wall clock at the same moment
+    std::atomic<std::uint64_t> floor{0};             // tickets below it were cleared
+    alignas(64) std::atomic<std::uint64_t> next{0};  // the next ticket
   };
 
   static std::uint64_t Now() {
@@ -195,8 +221,9 @@ class HistoryRing {
 #endif
   }
   static std::uint64_t SteadyNanos();
-  // Stores the caller's return addresses into the slot's frames (out of line: backtrace() is slow).
-  __attribute__((noinline)) static void CaptureStack(Buffer& buffer, std::size_t index);
+  // Stores the caller's return addresses into the frames of the page's slot `offset` (out of line:
+  // backtrace() is slow).
+  __attribute__((noinline)) static void CaptureStack(Page& page, std::size_t offset);
 
   mutable Mutex mu_;                                // serializes configuration changes and reads
   std::atomic<Buffer*> active_{nullptr};            // the buffer being recorded into; null when disabled

@@ -192,6 +192,26 @@ std::uint64_t UsableBytes(const SegmentSnapshot& segment, const BlockSnapshot& b
   return MappedOverlap(segment.mapped, offset, offset + block.size);
 }
 
+std::uint64_t LargestUsableRun(const SegmentSnapshot& segment, const BlockSnapshot& block) {
+  if (!segment.expandable) return block.size;
+  const std::uint64_t begin = block.address - segment.address;
+  const std::uint64_t end = begin + block.size;
+  std::uint64_t best = 0, run = 0, run_end = 0;
+  for (const MappedRange& r : segment.mapped) {  // sorted; adjacent accessible ranges make one run
+    if (!r.accessible) {
+      run = 0;
+      continue;
+    }
+    const std::uint64_t lo = std::max(begin, r.offset);
+    const std::uint64_t hi = std::min(end, r.offset + r.size);
+    if (lo >= hi) continue;
+    run = (run > 0 && lo == run_end) ? run + (hi - lo) : hi - lo;
+    run_end = hi;
+    best = std::max(best, run);
+  }
+  return best;
+}
+
 SnapshotTotals ComputeTotals(const MemorySnapshot& snapshot) {
   SnapshotTotals t;
   for (const SegmentSnapshot& seg : snapshot.segments) {
@@ -209,9 +229,8 @@ SnapshotTotals ComputeTotals(const MemorySnapshot& snapshot) {
           ++t.active_blocks;
           break;
         case BlockState::kFree: {
-          const std::uint64_t usable = UsableBytes(seg, block);
-          t.free_bytes += usable;
-          t.largest_free_block = std::max(t.largest_free_block, usable);
+          t.free_bytes += UsableBytes(seg, block);
+          t.largest_free_block = std::max(t.largest_free_block, LargestUsableRun(seg, block));
           break;
         }
       }

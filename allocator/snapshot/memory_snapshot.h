@@ -118,6 +118,11 @@ struct PoolSnapshot {
   std::uint64_t allocated_bytes = 0;
   std::uint64_t peak_reserved_bytes = 0;
   std::uint64_t peak_allocated_bytes = 0;
+  // Who made a private pool, for people ("torch.cuda.MemPool (0, 3)", "CUDA graph pool (1, 0)", "graph
+  // tree"; PoolOptions::owner), and how many graphs that replay into it pin its memory. Last and
+  // defaulted, so that positional initializers of the members above stay as they were.
+  std::string owner{};
+  std::int64_t graph_pins = 0;
   friend bool operator==(const PoolSnapshot&, const PoolSnapshot&) = default;
 };
 
@@ -176,15 +181,19 @@ const HistoryEvent* LastAction(const MemorySnapshot& snapshot);
 // the part inside accessible mapped ranges in an expandable one (whose free blocks also span unmapped
 // address space).
 std::uint64_t UsableBytes(const SegmentSnapshot& segment, const BlockSnapshot& block);
+// The largest contiguous part of `block` usable without mapping more memory: its size in a regular
+// segment, its largest piece inside one run of accessible mapped ranges in an expandable one. What a
+// single request could get from it; UsableBytes adds up pieces that no request can use together.
+std::uint64_t LargestUsableRun(const SegmentSnapshot& segment, const BlockSnapshot& block);
 
 struct SnapshotTotals {
-  std::uint64_t reserved_bytes = 0;   // sum of SegmentSnapshot::ReservedBytes()
-  std::uint64_t allocated_bytes = 0;  // blocks in state kAllocated
-  std::uint64_t active_bytes = 0;     // allocated + pending free
-  std::uint64_t requested_bytes = 0;  // requested_size of active blocks
-  std::uint64_t free_bytes = 0;       // free blocks (inside accessible mapped ranges for expandable ones)
-  std::uint64_t largest_free_block = 0;
-  std::int64_t allocations = 0;  // blocks in state kAllocated
+  std::uint64_t reserved_bytes = 0;      // sum of SegmentSnapshot::ReservedBytes()
+  std::uint64_t allocated_bytes = 0;     // blocks in state kAllocated
+  std::uint64_t active_bytes = 0;        // allocated + pending free
+  std::uint64_t requested_bytes = 0;     // requested_size of active blocks
+  std::uint64_t free_bytes = 0;          // free blocks (inside accessible mapped ranges for expandable ones)
+  std::uint64_t largest_free_block = 0;  // the largest contiguous free run usable as is (LargestUsableRun)
+  std::int64_t allocations = 0;          // blocks in state kAllocated
   std::int64_t active_blocks = 0;
   std::int64_t segments = 0;
 };

@@ -342,6 +342,8 @@ absl::Status ReadPool(const json& value, const std::string& path, PoolSnapshot* 
   GRAPHALLOC_RETURN_IF_ERROR(r->U64("allocated_bytes", &p->allocated_bytes, false));
   GRAPHALLOC_RETURN_IF_ERROR(r->U64("peak_reserved_bytes", &p->peak_reserved_bytes, false));
   GRAPHALLOC_RETURN_IF_ERROR(r->U64("peak_allocated_bytes", &p->peak_allocated_bytes, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->String("owner", &p->owner, false));
+  GRAPHALLOC_RETURN_IF_ERROR(r->I64("graph_pins", &p->graph_pins, false));
   return absl::OkStatus();
 }
 

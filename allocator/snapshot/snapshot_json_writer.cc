@@ -228,6 +228,14 @@ std::string SnapshotToJson(const MemorySnapshot& snapshot) {
     j.U64(p.peak_reserved_bytes);
     j.Key("peak_allocated_bytes");
     j.U64(p.peak_allocated_bytes);
+    if (!p.owner.empty()) {
+      j.Key("owner");
+      j.String(p.owner);
+    }
+    if (p.graph_pins != 0) {
+      j.Key("graph_pins");
+      j.I64(p.graph_pins);
+    }
     j.Char('}');
   }
   j.Raw("],\n\"stacks\":[");
@@ -285,9 +293,16 @@ absl::Status WriteFileBytes(const std::string& path, absl::string_view bytes) {
   if (f == nullptr) {
     return absl::InternalError(absl::StrCat(path, ": cannot open for writing: ", std::strerror(errno)));
   }
+  // The reason matters (a full disk, a closed pipe): keep the first failure's errno.
   const bool wrote = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  int error = wrote ? 0 : errno;
+  const bool flushed = std::fflush(f) == 0;
+  if (!flushed && error == 0) error = errno;
   const bool closed = std::fclose(f) == 0;
-  if (!wrote || !closed) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  if (!closed && error == 0) error = errno;
+  if (!wrote || !flushed || !closed) {
+    return absl::InternalError(absl::StrCat(path, ": write failed: ", std::strerror(error)));
+  }
   return absl::OkStatus();
 }
 

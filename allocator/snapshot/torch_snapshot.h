@@ -14,6 +14,7 @@
 #define GRAPHALLOC_ALLOCATOR_SNAPSHOT_TORCH_SNAPSHOT_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -25,10 +26,11 @@ namespace graphalloc {
 std::string SnapshotToTorchPickle(const MemorySnapshot& snapshot);
 
 // Reads a PyTorch memory snapshot pickle. `device`: which device's segments and trace to keep; -1 picks the
-// lowest device that has segments or trace entries. InvalidArgument (with the byte offset for a bad
+// lowest device that has segments or trace entries. `devices`, when given, gets every device that has some
+// (in order), so that a caller can say which one it shows. InvalidArgument (with the byte offset for a bad
 // pickle, or the path, "segments[3].blocks[7].state", for an unexpected value) for bad input.
 absl::StatusOr<MemorySnapshot> SnapshotFromTorchPickle(absl::string_view bytes, absl::string_view source,
-                                                       int device = -1);
+                                                       int device = -1, std::vector<int>* devices = nullptr);
 
 }  // namespace graphalloc
 

@@ -220,7 +220,7 @@ void Recompute(MemorySnapshot& s) {
   }
 }
 
-absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
+absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out, std::vector<int>* devices) {
   absl::StatusOr<Dict> top = Dict::Of(root, "");
   if (!top.ok()) return ReadError("(top level)", absl::StrCat("expected a dict, found ", root.TypeName()));
   absl::StatusOr<const PickleNode*> segments = top->List("segments", true);
@@ -239,6 +239,9 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
   for (std::size_t t = 0; *traces != nullptr && t < (*traces)->items.size(); ++t) {
     const PickleValue& list = (*traces)->items[t];
     if (list.IsSequence() && !list.node->items.empty()) present.insert(static_cast<std::int64_t>(t));
+  }
+  if (devices != nullptr) {
+    for (std::int64_t d : present) devices->push_back(static_cast<int>(d));
   }
   if (device < 0) {
     device = present.empty() ? 0 : static_cast<int>(std::max<std::int64_t>(*present.begin(), 0));
@@ -294,12 +297,12 @@ absl::Status Convert(const PickleValue& root, int device, MemorySnapshot* out) {
 }  // namespace
 
 absl::StatusOr<MemorySnapshot> SnapshotFromTorchPickle(absl::string_view bytes, absl::string_view source,
-                                                       int device) {
+                                                       int device, std::vector<int>* devices) {
   absl::StatusOr<std::unique_ptr<PickleDocument>> doc = ParsePickle(bytes, source);
   if (!doc.ok()) return doc.status();
   MemorySnapshot snapshot;
   snapshot.source = "pytorch";
-  if (absl::Status s = Convert((*doc)->root, device, &snapshot); !s.ok()) {
+  if (absl::Status s = Convert((*doc)->root, device, &snapshot, devices); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
   if (absl::Status s = ValidateSnapshot(snapshot); !s.ok()) {

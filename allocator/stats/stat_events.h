@@ -2,6 +2,9 @@
 // and each event updates every counter PyTorch keeps for it (stats.h), so that the allocator's paths say
 // what happened and never which counters that touches.
 //
+// Block events return true when a counter went past its peak (Stat::Increase): in a stream shard, whose
+// peaks are escrow grants, that is the signal to fold the device's exact peaks (peak_ledger.h).
+//
 // Inactive split blocks are PyTorch's: a run of free blocks inside a segment counts as one block (its
 // bytes the run's) unless it covers the whole segment; expandable segments count none, so the allocator
 // sends inactive-split events only for regular segments. A counter that moves both ways in one event moves
@@ -23,22 +26,22 @@ struct BlockFigures {
   bool oversize = false;       // at least max_split_size
 };
 
-// Moves `array` by `delta`, up or down.
-inline void Move(StatArray& array, bool small, std::int64_t delta) {
-  if (delta > 0) array.Increase(small, delta);
+// Moves `array` by `delta`, up or down; true when it went past its peak.
+inline bool Move(StatArray& array, bool small, std::int64_t delta) {
   if (delta < 0) array.Decrease(small, -delta);
+  return delta > 0 && array.Increase(small, delta);
 }
 
 // ---- Blocks. ----
 
-// Handed out: allocated and active.
-inline void BlockAllocated(DeviceStats& s, const BlockFigures& b) {
-  s.allocation.Increase(b.small, 1);
-  s.allocated_bytes.Increase(b.small, b.bytes);
-  s.requested_bytes.Increase(b.small, b.requested);
-  if (b.oversize) s.oversize_allocations.Increase(b.small, 1);
-  s.active.Increase(b.small, 1);
-  s.active_bytes.Increase(b.small, b.bytes);
+// Handed out: allocated and active. (`|`, not `||`: every counter moves.)
+inline bool BlockAllocated(DeviceStats& s, const BlockFigures& b) {
+  bool raised = s.allocation.Increase(b.small, 1);
+  raised |= s.allocated_bytes.Increase(b.small, b.bytes);
+  raised |= s.requested_bytes.Increase(b.small, b.requested);
+  if (b.oversize) raised |= s.oversize_allocations.Increase(b.small, 1);
+  raised |= s.active.Increase(b.small, 1);
+  return s.active_bytes.Increase(b.small, b.bytes) | raised;
 }
 
 // Freed by its owner: no longer allocated, still active until BlockReleased (stream events may keep it).
@@ -49,6 +52,15 @@ inline void BlockFreed(DeviceStats& s, const BlockFigures& b) {
   if (b.oversize) s.oversize_allocations.Decrease(b.small, 1);
 }
 
+// A BlockFreed whose free failed: the owner keeps the block, as if it had never been freed (it stayed
+// active throughout, and no total counts the round trip).
+inline void BlockFreeUndone(DeviceStats& s, const BlockFigures& b) {
+  s.allocation.UndoDecrease(b.small, 1);
+  s.allocated_bytes.UndoDecrease(b.small, b.bytes);
+  s.requested_bytes.UndoDecrease(b.small, b.requested);
+  if (b.oversize) s.oversize_allocations.UndoDecrease(b.small, 1);
+}
+
 // Free for reuse: no longer active.
 inline void BlockReleased(DeviceStats& s, bool small, std::int64_t bytes) {
   s.active.Decrease(small, 1);
@@ -57,26 +69,27 @@ inline void BlockReleased(DeviceStats& s, bool small, std::int64_t bytes) {
 
 // A free block of a regular segment is allocated: `taken` bytes of it, leaving a free rest of `rest` bytes
 // (0: taken whole). `was_split`: it was part of a split segment before (so counted as inactive split).
-inline void FreeBlockTaken(DeviceStats& s, bool small, bool was_split, std::int64_t taken,
+inline bool FreeBlockTaken(DeviceStats& s, bool small, bool was_split, std::int64_t taken,
                            std::int64_t rest) {
   if (rest > 0 && was_split) {
     s.inactive_split_bytes.Decrease(small, taken);  // the rest stays counted, smaller
   } else if (rest > 0) {
-    s.inactive_split.Increase(small, 1);  // the segment splits now: its rest is an inactive split block
-    s.inactive_split_bytes.Increase(small, rest);
+    // The segment splits now: its rest is an inactive split block.
+    return s.inactive_split.Increase(small, 1) | s.inactive_split_bytes.Increase(small, rest);
   } else if (was_split) {
     s.inactive_split.Decrease(small, 1);
     s.inactive_split_bytes.Decrease(small, taken);
   }
+  return false;
 }
 
 // A block of a regular segment became free and absorbed `merged` free neighbours of `merged_bytes` (each
 // an inactive split block until now); `now_split`: the result is still part of a split segment, of
 // `bytes_after` bytes.
-inline void FreeBlockCoalesced(DeviceStats& s, bool small, std::int64_t merged, std::int64_t merged_bytes,
+inline bool FreeBlockCoalesced(DeviceStats& s, bool small, std::int64_t merged, std::int64_t merged_bytes,
                                bool now_split, std::int64_t bytes_after) {
-  Move(s.inactive_split, small, (now_split ? 1 : 0) - merged);
-  Move(s.inactive_split_bytes, small, (now_split ? bytes_after : 0) - merged_bytes);
+  return Move(s.inactive_split, small, (now_split ? 1 : 0) - merged) |
+         Move(s.inactive_split_bytes, small, (now_split ? bytes_after : 0) - merged_bytes);
 }
 
 // The free neighbours of a block in a regular segment, as coalescing would merge them.
@@ -89,15 +102,15 @@ struct FreeRunFigures {
 
 // A free block joins (`joining`) or leaves the run of its free neighbours without merging with them (a
 // block parked in, or taken from, the quick cache): counted as if merged.
-inline void FreeRunChanged(DeviceStats& s, bool small, const FreeRunFigures& run, bool joining) {
+inline bool FreeRunChanged(DeviceStats& s, bool small, const FreeRunFigures& run, bool joining) {
   const std::int64_t apart_blocks = (run.left_bytes > 0 ? 1 : 0) + (run.right_bytes > 0 ? 1 : 0);
   const std::int64_t apart_bytes = run.left_bytes + run.right_bytes;
   const std::int64_t joined_blocks = run.whole_segment ? 0 : 1;
   const std::int64_t joined_bytes =
       run.whole_segment ? 0 : run.left_bytes + run.block_bytes + run.right_bytes;
   const std::int64_t sign = joining ? 1 : -1;
-  Move(s.inactive_split, small, sign * (joined_blocks - apart_blocks));
-  Move(s.inactive_split_bytes, small, sign * (joined_bytes - apart_bytes));
+  return Move(s.inactive_split, small, sign * (joined_blocks - apart_blocks)) |
+         Move(s.inactive_split_bytes, small, sign * (joined_bytes - apart_bytes));
 }
 
 // Blocks of one pool kind, added up for a bulk change (a pool restore replaces whole block chains).
@@ -122,10 +135,11 @@ struct BlockTotals {
 };
 
 // The blocks counted in `out` are gone and those in `in` are there instead (allocated ones active).
-inline void BlocksReplaced(DeviceStats& s, bool small, const BlockTotals& out, const BlockTotals& in) {
-  auto replace = [small](StatArray& a, std::int64_t gone, std::int64_t added) {
+inline bool BlocksReplaced(DeviceStats& s, bool small, const BlockTotals& out, const BlockTotals& in) {
+  bool raised = false;
+  auto replace = [small, &raised](StatArray& a, std::int64_t gone, std::int64_t added) {
     if (gone != 0) a.Decrease(small, gone);
-    if (added != 0) a.Increase(small, added);
+    if (added != 0) raised |= a.Increase(small, added);
   };
   replace(s.allocation, out.blocks, in.blocks);
   replace(s.allocated_bytes, out.bytes, in.bytes);
@@ -135,6 +149,7 @@ inline void BlocksReplaced(DeviceStats& s, bool small, const BlockTotals& out, c
   replace(s.active_bytes, out.bytes, in.bytes);
   replace(s.inactive_split, out.split_blocks, in.split_blocks);
   replace(s.inactive_split_bytes, out.split_bytes, in.split_bytes);
+  return raised;
 }
 
 // ---- Segments and expandable chunks. ----

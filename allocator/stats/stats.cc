@@ -26,7 +26,9 @@ void AddBlockStats(DeviceStats& into, const DeviceStats& from) {
     for (int t = 0; t < kNumStatTypes; ++t) {
       Stat& to = (into.*a.member).by_type[t];
       const Stat& add = (from.*a.member).by_type[t];
-      for (const auto& [name, field] : kStatFields) to.*field += add.*field;
+      to.current += add.current;
+      to.allocated += add.allocated;
+      to.freed += add.freed;
     }
   }
 }

@@ -18,14 +18,23 @@ struct Stat {
   std::int64_t allocated = 0;
   std::int64_t freed = 0;
 
-  void Increase(std::int64_t amount) {
+  // True when `current` rose above `peak` (which then follows it): a new peak. A stream shard keeps its
+  // escrow grant in `peak` and is told this way that it went past it (peak_ledger.h).
+  bool Increase(std::int64_t amount) {
     current += amount;
     allocated += amount;
-    if (current > peak) peak = current;
+    const bool raised = current > peak;
+    if (raised) peak = current;
+    return raised;
   }
   void Decrease(std::int64_t amount) {
     current -= amount;
     freed += amount;
+  }
+  // Takes back a Decrease of an operation that failed: as if it had never happened (the peak cannot move).
+  void UndoDecrease(std::int64_t amount) {
+    current += amount;
+    freed -= amount;
   }
   void ResetAccumulated() { allocated = freed = 0; }
   void ResetPeak() { peak = current; }
@@ -42,14 +51,18 @@ struct StatArray {
   Stat& operator[](StatType t) { return by_type[static_cast<int>(t)]; }
   const Stat& operator[](StatType t) const { return by_type[static_cast<int>(t)]; }
   const Stat& all() const { return by_type[0]; }
-  // Updates the aggregate and the small or large entry together.
-  void Increase(bool small, std::int64_t amount) {
-    by_type[0].Increase(amount);
-    by_type[small ? 1 : 2].Increase(amount);
+  // Updates the aggregate and the small or large entry together; true when either made a new peak.
+  bool Increase(bool small, std::int64_t amount) {
+    const bool all = by_type[0].Increase(amount);
+    return by_type[small ? 1 : 2].Increase(amount) | all;
   }
   void Decrease(bool small, std::int64_t amount) {
     by_type[0].Decrease(amount);
     by_type[small ? 1 : 2].Decrease(amount);
+  }
+  void UndoDecrease(bool small, std::int64_t amount) {
+    by_type[0].UndoDecrease(amount);
+    by_type[small ? 1 : 2].UndoDecrease(amount);
   }
   friend bool operator==(const StatArray&, const StatArray&) = default;
 };
@@ -81,8 +94,8 @@ struct DeviceStats {
 };
 
 // Adds the per-block statistics of `from` (allocation, active, inactive_split, their bytes, requested and
-// oversize allocations) into `into`: current, allocated and freed add up exactly; peaks add up to an upper
-// bound of the peak of the sum.
+// oversize allocations) into `into`: current, allocated and freed. Not the peaks: a peak of a sum is not the
+// sum of the peaks (the allocator's exact device-wide peaks come from its PeakLedger).
 void AddBlockStats(DeviceStats& into, const DeviceStats& from);
 // Copies the per-segment statistics and counters (segment, reserved_bytes, oversize_segments, num_*,
 // max_split_size) of `from` into `into`.

@@ -195,7 +195,7 @@ absl::StatusOr<std::string> GunzipBytes(absl::string_view gz, absl::string_view 
   return out;
 }
 
-absl::StatusOr<Trace> ReadTrace(const std::string& path) {
+absl::StatusOr<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     // An ifstream opens a directory and its first read throws std::ios_failure.
@@ -207,51 +207,23 @@ absl::StatusOr<Trace> ReadTrace(const std::string& path) {
   }
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error: ", std::strerror(errno)));
+  return TraceFromBytes(std::move(bytes), path, options);
+}
+
+absl::StatusOr<Trace> TraceFromBytes(std::string bytes, absl::string_view source,
+                                     const TraceReadOptions& options) {
   if (HasGzipMagic(bytes)) {
-    absl::StatusOr<std::string> csv = GunzipBytes(bytes, path);
+    absl::StatusOr<std::string> csv = GunzipBytes(bytes, source);
     if (!csv.ok()) return csv.status();
     bytes = std::move(*csv);
   }
   const std::size_t first = bytes.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && bytes[first] == '{') {
-    absl::StatusOr<MemorySnapshot> snapshot = SnapshotFromJson(bytes, path);
+    absl::StatusOr<MemorySnapshot> snapshot = SnapshotFromJson(bytes, source);
     if (!snapshot.ok()) return snapshot.status();
-    return TraceFromHistory(*snapshot, path);
+    return TraceFromHistory(*snapshot, source, options);
   }
-  return ParseTrace(bytes, path);
-}
-
-absl::StatusOr<Trace> TraceFromHistory(const MemorySnapshot& snapshot, absl::string_view name) {
-  if (snapshot.history_max_entries == 0 && snapshot.history.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name,
-                     ": the snapshot has no allocation history to replay; record one with "
-                     "GRAPHALLOC_CONF=record_history:True (or graphalloc replay --snapshot)"));
-  }
-  Trace trace;
-  trace.name = std::string(name);
-  const std::size_t slash = trace.name.find_last_of('/');
-  if (slash != std::string::npos) trace.name = trace.name.substr(slash + 1);
-  absl::flat_hash_set<std::uint64_t> live;  // allocated, not yet free_completed
-  for (const HistoryEvent& e : snapshot.history) {
-    if (!IsTraceAction(e.action)) continue;  // oom, snapshot, sleep and wake: no trace row
-    switch (e.action) {
-      case HistoryAction::kAlloc:
-        if (!live.insert(e.address).second) continue;
-        break;
-      case HistoryAction::kFreeRequested:
-        if (!live.contains(e.address)) continue;
-        break;
-      case HistoryAction::kFreeCompleted:
-        // Blocks allocated before the ring's oldest event cannot be freed by the replay.
-        if (live.erase(e.address) == 0) continue;
-        break;
-      default:  // the segment events
-        break;
-    }
-    trace.events.push_back(TraceEvent{e.address, e.size, e.stream, e.time_us, 0, e.action});
-  }
-  return trace;
+  return ParseTrace(bytes, source);
 }
 
 std::string FormatTraceCsv(const Trace& trace) {

@@ -48,6 +48,9 @@ struct TraceEvent {
 struct Trace {
   std::string name;  // the file's base name, or what the caller chose
   std::vector<TraceEvent> events;
+  // Why the trace is only part of the run it comes from ("" when whole): a snapshot's history that
+  // overflowed or began late, replayed with TraceReadOptions::allow_partial_history. A replay says so.
+  std::string partial;
 
   // "name:line" for event `index` (just "name, event N" when the event has no line number).
   std::string Where(std::size_t index) const;
@@ -62,16 +65,28 @@ absl::StatusOr<Trace> ParseTrace(absl::string_view csv, absl::string_view source
 // Decompresses gzip data (one or more members). DataLoss for truncated or corrupt data.
 absl::StatusOr<std::string> GunzipBytes(absl::string_view gz, absl::string_view source);
 
-// Reads a trace file: PyTorch's CSV, plain or gzip'd, or a graphalloc snapshot (JSON, see
-// docs/snapshot_format.md) whose recorded history becomes the trace. NotFound when it cannot be opened;
-// DataLoss for a truncated or corrupt gzip stream; InvalidArgument for bad CSV or a bad snapshot. Errors
-// start with `path`.
-absl::StatusOr<Trace> ReadTrace(const std::string& path);
+struct TraceReadOptions {
+  // A snapshot's history that does not hold the whole run (its ring overflowed, or it began after blocks
+  // were allocated) replays only part of it, whose peaks can be far below the run's: refused
+  // (FailedPrecondition saying what is missing) unless this is set; then Trace::partial says why.
+  bool allow_partial_history = false;
+};
 
-// The allocation history of a snapshot as a trace. When the history ring overflowed, frees of blocks whose
-// allocation fell out of the ring are dropped (the trace starts mid-run); OOM, snapshot, sleep and wake
-// events are not trace events. InvalidArgument when the snapshot recorded no history.
-absl::StatusOr<Trace> TraceFromHistory(const MemorySnapshot& snapshot, absl::string_view name);
+// Reads a trace file: PyTorch's CSV, plain or gzip'd, or a graphalloc snapshot (JSON, see
+// docs/snapshot_format.md) whose recorded history becomes the trace (TraceFromHistory). NotFound when it
+// cannot be opened; DataLoss for a truncated or corrupt gzip stream; InvalidArgument for bad CSV or a bad
+// snapshot. Errors start with `path`.
+absl::StatusOr<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options = {});
+// The same from the file's bytes (stdin, say); `source` names it in errors.
+absl::StatusOr<Trace> TraceFromBytes(std::string bytes, absl::string_view source,
+                                     const TraceReadOptions& options = {});
+
+// The allocation history of a snapshot as a trace (trace_from_history.cc). OOM, snapshot, sleep and wake
+// events are not trace events. InvalidArgument when the snapshot recorded no history or none of the
+// allocator's events; FailedPrecondition for a partial history (see TraceReadOptions) unless allowed, when
+// frees of blocks allocated before the history's first event are dropped (the trace starts mid-run).
+absl::StatusOr<Trace> TraceFromHistory(const MemorySnapshot& snapshot, absl::string_view name,
+                                       const TraceReadOptions& options = {});
 
 // The trace as CSV text, header included; ParseTrace() reads it back to an equal trace (line numbers aside).
 std::string FormatTraceCsv(const Trace& trace);

@@ -14,7 +14,7 @@
 #include <memory>
 #include <sstream>
 
-#include "absl/strings/match.h"
+#include "graphalloc/allocator/address_owners.h"
 #include "graphalloc/allocator/size_policy.h"
 #include "python/csrc/torch_snapshot.h"
 #include "python/csrc/torch_stats.h"
@@ -118,40 +118,33 @@ void TorchBackend::RawDelete(void* ptr) { Get().Free(ptr); }
 
 void TorchBackend::Free(void* ptr) {
   if (ptr == nullptr) return;
-  // The owner is found by trying each device's allocator: almost always there is one. An allocator that
-  // does not know the pointer says so without changing anything.
-  absl::Status first_error;
-  for (int device = 0; device < graphalloc::kMaxDevices; ++device) {
-    graphalloc::CachingAllocator* allocator = Existing(static_cast<c10::DeviceIndex>(device));
-    if (allocator == nullptr) continue;
-    absl::Status s = allocator->Free(Address(ptr));
-    if (s.ok()) {
-      if (C10_UNLIKELY(ipc_.exported_any())) ipc_.OwnerFreed(ptr);
-      if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
-        ReportToProfiler(static_cast<c10::DeviceIndex>(device), ptr, 0, *allocator);
-      }
-      if (history_.active()) {
-        const auto index = static_cast<c10::DeviceIndex>(device);
-        history_.OnFreeRequested(index, ptr, 0, nullptr, {0, 0});
-        history_.OnFreeCompleted(index, ptr, 0, nullptr, {0, 0});
-      }
-      if (!isEnabled()) {
-        // Uncached: the memory goes back at once, except while a capture forbids it.
-        if (absl::Status e = allocator->EmptyCache(); !e.ok() && !absl::IsFailedPrecondition(e)) {
-          std::fprintf(stderr, "graphalloc: returning freed memory (caching disabled): %s\n",
-                       e.ToString().c_str());
-        }
-      }
-      return;
-    }
-    if (!absl::StrContains(s.message(), "unknown pointer")) {
-      first_error = s;
-      break;
-    }
-    if (first_error.ok()) first_error = s;
+  // The device whose allocator reserved the address, without taking any allocator's lock (AddressOwners):
+  // the free goes to that allocator alone.
+  const int device = graphalloc::AddressOwners::Global().DeviceOf(Address(ptr));
+  graphalloc::CachingAllocator* allocator =
+      device < 0 ? nullptr : Existing(static_cast<c10::DeviceIndex>(device));
+  if (allocator == nullptr) {
+    std::fprintf(stderr, "graphalloc: free of %p: no graphalloc allocator reserved this address\n", ptr);
+    return;
   }
-  std::fprintf(stderr, "graphalloc: free of %p: %s\n", ptr,
-               first_error.ok() ? "no graphalloc allocator exists" : first_error.ToString().c_str());
+  if (absl::Status s = allocator->Free(Address(ptr)); !s.ok()) {
+    std::fprintf(stderr, "graphalloc: free of %p on device %d: %s\n", ptr, device, s.ToString().c_str());
+    return;
+  }
+  const auto index = static_cast<c10::DeviceIndex>(device);
+  if (C10_UNLIKELY(ipc_.exported_any())) ipc_.OwnerFreed(ptr);
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) ReportToProfiler(index, ptr, 0, *allocator);
+  if (history_.active()) {
+    history_.OnFreeRequested(index, ptr, 0, nullptr, {0, 0});
+    history_.OnFreeCompleted(index, ptr, 0, nullptr, {0, 0});
+  }
+  if (!isEnabled()) {
+    // Uncached: the memory goes back at once, except while a capture forbids it.
+    if (absl::Status e = allocator->EmptyCache(); !e.ok() && !absl::IsFailedPrecondition(e)) {
+      std::fprintf(stderr, "graphalloc: returning freed memory (caching disabled): %s\n",
+                   e.ToString().c_str());
+    }
+  }
 }
 
 void TorchBackend::ReportToProfiler(c10::DeviceIndex device, void* ptr, std::int64_t bytes,
@@ -275,8 +268,9 @@ void TorchBackend::cacheInfo(c10::DeviceIndex device, size_t* largest_block) {
     TORCH_CHECK(info.ok(), "graphalloc: cacheInfo: ", info.status().ToString());
     *largest_block = info->free;
   }
-  const graphalloc::SnapshotTotals totals =
-      graphalloc::ComputeTotals(allocator.TakeSnapshot("cacheInfo", /*record_event=*/false));
+  // The largest contiguous free run usable as it is (mapped), as `graphalloc snapshot summary` and the
+  // viewer report it: what a cuDNN workspace of that size would get. The state alone: cuDNN asks often.
+  const graphalloc::SnapshotTotals totals = graphalloc::ComputeTotals(allocator.StateSnapshot());
   *largest_block = std::max<size_t>(*largest_block, totals.largest_free_block);
 }
 

@@ -27,6 +27,14 @@ GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_install(char* error, size
   return 1;
 }
 
+// What PyTorch's cacheInfo(device, &largest) answers with `largest` starting at `start` (0: PyTorch starts
+// from the device's free memory), through PyTorch's own entry point: for tests, as cuDNN sizes its workspace.
+GRAPHALLOC_BACKEND_EXPORT size_t graphalloc_torch_backend_cache_info(int device, size_t start) {
+  size_t largest = start;
+  c10::cuda::CUDACachingAllocator::cacheInfo(static_cast<c10::DeviceIndex>(device), &largest);
+  return largest;
+}
+
 // PyTorch pool routes begun and not ended (0 outside captures and use_mem_pool blocks).
 GRAPHALLOC_BACKEND_EXPORT int graphalloc_torch_backend_open_routes(void) {
   return graphalloc_torch::TorchBackend::Get().pools().OpenRoutes();

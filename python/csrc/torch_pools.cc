@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace graphalloc_torch {
 namespace {
 
@@ -76,6 +78,8 @@ TorchPoolTable::Entry& TorchPoolTable::Find(const TorchPoolKey& key, const char*
 
 graphalloc::PrivatePool& TorchPoolTable::PoolOf(const TorchPoolKey& key, Entry& entry) {
   if (!entry.pool) {
+    // For people (snapshots, out-of-memory reports): the MempoolId a MemPool or a CUDA graph has.
+    entry.options.owner = absl::StrCat("PyTorch pool (", key.id.first, ", ", key.id.second, ")");
     absl::StatusOr<graphalloc::PrivatePool> pool =
         allocator_of_(key.device).CreatePool(entry.options, entry.source);
     TORCH_CHECK(pool.ok(), "graphalloc: cannot create the private pool for ", Describe(key), ": ",

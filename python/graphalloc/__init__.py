@@ -21,13 +21,18 @@ import threading
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
+from . import _args
+
 __all__ = [
     "__version__", "GraphallocError", "library", "library_path", "cli_path", "has_function", "stats", "stats_json",
     "snapshot_json", "snapshot", "record_history", "empty_cache", "set_memory_fraction", "reset_peak_stats",
     "reset_accumulated_stats", "record_stream", "malloc", "free", "last_error", "pool_create", "pool_retain",
     "pool_release", "pool_stats", "pool_empty_cache", "allocate_to_pool", "sleep", "wake", "pool_sleep",
-    "pool_wake", "pool_sleep_state", "NcclRegistration", "nccl_register",
+    "pool_wake", "pool_sleep_state", "NcclRegistration", "nccl_register", "MAX_HISTORY_ENTRIES",
 ]
+
+# The most history events record_history keeps (kMaxHistoryEntries, allocator/history/history_ring.h).
+MAX_HISTORY_ENTRIES = 1 << 28
 
 # graphalloc_status codes (allocator/c_api/graphalloc.h).
 OK = 0
@@ -68,7 +73,8 @@ def _repo_root() -> Path:
 
 def _source_checkout() -> Path:
     """The repository the package comes from: this file's checkout, or for a package installed with pip the
-    checkout that python/setup.py recorded in _source_dir.txt (so a library built later is found too)."""
+    checkout that python/_graphalloc_build.py recorded in _source_dir.txt (so a library built later is found
+    too)."""
     recorded = Path(__file__).resolve().parent / "_source_dir.txt"
     if recorded.is_file():
         return Path(recorded.read_text().strip())
@@ -250,6 +256,7 @@ def _check(function: str, code: int) -> None:
 
 
 def _json_call(function: str, device: int) -> str:
+    device = _args.device(function.replace("graphalloc_", ""), device)
     lib = library()
     if not hasattr(lib, function):
         raise NotImplementedError(
@@ -259,7 +266,7 @@ def _json_call(function: str, device: int) -> str:
     for _ in range(8):  # the content can grow between the size query and the copy: retry
         buf = ctypes.create_string_buffer(size)
         required = ctypes.c_size_t(0)
-        code = f(int(device), buf, size, ctypes.byref(required))
+        code = f(device, buf, size, ctypes.byref(required))
         if code == OK:
             return buf.value.decode("utf-8")
         if code != BUFFER_TOO_SMALL:
@@ -294,48 +301,64 @@ def record_history(device: int = 0, enabled: bool = True, max_entries: int = 100
     Without that C function, history can still be turned on from the start with GRAPHALLOC_CONF
     (``record_history:True,history_max_entries:N,history_stacks:False``) before the allocator is created.
     """
+    device = _args.device("record_history", device)
+    max_entries = _args.integer("record_history", "max_entries", max_entries, 1, MAX_HISTORY_ENTRIES + 1)
     lib = library()
     if not hasattr(lib, "graphalloc_record_history"):
         raise NotImplementedError(
             f"{_lib_path} does not export graphalloc_record_history; set GRAPHALLOC_CONF="
             "record_history:True before the first allocation instead")
     _check("graphalloc_record_history",
-           lib.graphalloc_record_history(int(device), 1 if enabled else 0, int(max_entries), 1 if stacks else 0))
+           lib.graphalloc_record_history(device, 1 if enabled else 0, max_entries, 1 if stacks else 0))
 
 
 def empty_cache(device: int = 0) -> None:
     """Returns `device`'s unused cached memory to the driver, and frees the pinned buffers wakes kept for the
     next backed-up sleep."""
-    _check("graphalloc_empty_cache", library().graphalloc_empty_cache(int(device)))
+    _check("graphalloc_empty_cache", library().graphalloc_empty_cache(_args.device("empty_cache", device)))
 
 
 def set_memory_fraction(fraction: float, device: int = 0) -> None:
-    _check("graphalloc_set_memory_fraction", library().graphalloc_set_memory_fraction(float(fraction), int(device)))
+    fraction = _args.fraction("set_memory_fraction", "fraction", fraction)
+    device = _args.device("set_memory_fraction", device)
+    _check("graphalloc_set_memory_fraction", library().graphalloc_set_memory_fraction(fraction, device))
 
 
 def reset_peak_stats(device: int = 0) -> None:
-    _check("graphalloc_reset_peak_stats", library().graphalloc_reset_peak_stats(int(device)))
+    _check("graphalloc_reset_peak_stats",
+           library().graphalloc_reset_peak_stats(_args.device("reset_peak_stats", device)))
 
 
 def reset_accumulated_stats(device: int = 0) -> None:
-    _check("graphalloc_reset_accumulated_stats", library().graphalloc_reset_accumulated_stats(int(device)))
+    _check("graphalloc_reset_accumulated_stats",
+           library().graphalloc_reset_accumulated_stats(_args.device("reset_accumulated_stats", device)))
 
 
 def record_stream(ptr: int, stream: int, device: int = 0) -> None:
     """graphalloc_record_stream: the block at `ptr` is used on `stream` (a cudaStream_t as an int) too."""
+    ptr = _args.size("record_stream", "ptr", ptr)
+    stream = _args.size("record_stream", "stream", stream)
+    device = _args.device("record_stream", device)
     _check("graphalloc_record_stream",
-           library().graphalloc_record_stream(ctypes.c_void_p(ptr), int(device), ctypes.c_void_p(stream)))
+           library().graphalloc_record_stream(ctypes.c_void_p(ptr), device, ctypes.c_void_p(stream)))
 
 
 def malloc(size: int, device: int = 0, stream: int = 0) -> int:
+    """`size` bytes of device memory usable on `stream` (a cudaStream_t as an int; 0: the default stream).
+    malloc(0) returns 0 (the null address), which free() accepts."""
+    size = _args.size("malloc", "size", size)
+    device = _args.device("malloc", device)
+    stream = _args.size("malloc", "stream", stream)
     out = ctypes.c_void_p(0)
-    _check("graphalloc_malloc", library().graphalloc_malloc(ctypes.byref(out), int(size), int(device),
+    _check("graphalloc_malloc", library().graphalloc_malloc(ctypes.byref(out), size, device,
                                                             ctypes.c_void_p(stream)))
     return out.value or 0
 
 
 def free(ptr: int, device: int = 0) -> None:
-    _check("graphalloc_free", library().graphalloc_free(ctypes.c_void_p(ptr), int(device)))
+    ptr = _args.size("free", "ptr", ptr)
+    device = _args.device("free", device)
+    _check("graphalloc_free", library().graphalloc_free(ctypes.c_void_p(ptr), device))
 
 
 # ---- private pools (allocator/c_api/graphalloc.h) ----
@@ -360,36 +383,45 @@ def pool_create(device: int = 0, use_on_oom: bool = False, no_split: bool = Fals
     `tag` (None or "": none) names the pool for ``sleep(tags=...)`` and ``wake(tags=...)``; several pools may
     share a tag. `handle_aligned`: no block of the pool spans two physical handles (for NCCL or RDMA
     registration of its memory; docs/sharing.md)."""
+    device = _args.device("pool_create", device)
     out = ctypes.c_uint64(0)
     options = PoolOptions(1 if use_on_oom else 0, 1 if no_split else 0, 1 if handle_aligned else 0)
     if tag:
         _check("graphalloc_pool_create_with_tag",
-               _sleep_function("graphalloc_pool_create_with_tag")(int(device), ctypes.byref(options),
+               _sleep_function("graphalloc_pool_create_with_tag")(device, ctypes.byref(options),
                                                                   _tag_bytes(tag), ctypes.byref(out)))
     else:
         _check("graphalloc_pool_create",
-               _pool_function("graphalloc_pool_create")(int(device), ctypes.byref(options), ctypes.byref(out)))
+               _pool_function("graphalloc_pool_create")(device, ctypes.byref(options), ctypes.byref(out)))
     return out.value
 
 
+def _pool_and_device(function: str, pool, device):
+    return _args.size(function, "pool", pool), _args.device(function, device)
+
+
 def pool_retain(pool: int, device: int = 0) -> None:
-    _check("graphalloc_pool_retain", _pool_function("graphalloc_pool_retain")(int(device), int(pool)))
+    pool, device = _pool_and_device("pool_retain", pool, device)
+    _check("graphalloc_pool_retain", _pool_function("graphalloc_pool_retain")(device, pool))
 
 
 def pool_release(pool: int, device: int = 0) -> None:
-    _check("graphalloc_pool_release", _pool_function("graphalloc_pool_release")(int(device), int(pool)))
+    pool, device = _pool_and_device("pool_release", pool, device)
+    _check("graphalloc_pool_release", _pool_function("graphalloc_pool_release")(device, pool))
 
 
 def pool_stats(pool: int, device: int = 0) -> dict:
     """The statistics of one private pool (graphalloc_pool_stats's fields) as a dict."""
+    pool, device = _pool_and_device("pool_stats", pool, device)
     out = PoolStats()
     _check("graphalloc_pool_get_stats",
-           _pool_function("graphalloc_pool_get_stats")(int(device), int(pool), ctypes.byref(out)))
+           _pool_function("graphalloc_pool_get_stats")(device, pool, ctypes.byref(out)))
     return {name: getattr(out, name) for name, _ in PoolStats._fields_}
 
 
 def pool_empty_cache(pool: int, device: int = 0) -> None:
-    _check("graphalloc_pool_empty_cache", _pool_function("graphalloc_pool_empty_cache")(int(device), int(pool)))
+    pool, device = _pool_and_device("pool_empty_cache", pool, device)
+    _check("graphalloc_pool_empty_cache", _pool_function("graphalloc_pool_empty_cache")(device, pool))
 
 
 class allocate_to_pool:  # noqa: N801 - used as a context manager, like torch.cuda.use_mem_pool
@@ -397,7 +429,8 @@ class allocate_to_pool:  # noqa: N801 - used as a context manager, like torch.cu
     (a cudaStream_t as an int), or with stream=None those made by the calling thread, until the block ends."""
 
     def __init__(self, pool: int, device: int = 0, stream: Optional[int] = None):
-        self.pool, self.device, self.stream = int(pool), int(device), stream
+        self.pool, self.device = _pool_and_device("allocate_to_pool", pool, device)
+        self.stream = None if stream is None else _args.size("allocate_to_pool", "stream", stream)
         self.route: Optional[int] = None
 
     def __enter__(self) -> "allocate_to_pool":
@@ -473,45 +506,49 @@ def sleep(tags: Union[None, str, Sequence[str]] = None, backup: bool = False, de
     graphalloc_sleep call, which leaves its pools as they were when it fails; with several tags, the error
     names the tags already asleep (they stay asleep).
     """
+    device = _args.device("sleep", device)
     f = _sleep_function("graphalloc_sleep")
     flag = 1 if backup else 0
     tag_list = _tag_list(tags)
     if tag_list is None:
-        _check("graphalloc_sleep", f(int(device), None, flag))
+        _check("graphalloc_sleep", f(device, None, flag))
         return
-    _for_each_tag("graphalloc_sleep", tag_list, lambda t: f(int(device), t, flag), "asleep")
+    _for_each_tag("graphalloc_sleep", tag_list, lambda t: f(device, t, flag), "asleep")
 
 
 def wake(tags: Union[None, str, Sequence[str]] = None, device: int = 0) -> None:
     """Wakes sleeping pools of `device` at the same addresses (restoring their backups): tags=None every
     sleeping pool, a str or a list of str those with the tags. Awake pools stay as they are."""
+    device = _args.device("wake", device)
     f = _sleep_function("graphalloc_wake")
     tag_list = _tag_list(tags)
     if tag_list is None:
-        _check("graphalloc_wake", f(int(device), None))
+        _check("graphalloc_wake", f(device, None))
         return
-    _for_each_tag("graphalloc_wake", tag_list, lambda t: f(int(device), t), "awake")
+    _for_each_tag("graphalloc_wake", tag_list, lambda t: f(device, t), "awake")
 
 
 def pool_sleep(pool: int, backup: bool = False, device: int = 0) -> None:
     """Puts one pool to sleep (pool 0: the default pool), as ``sleep``."""
-    _check("graphalloc_pool_sleep",
-           _sleep_function("graphalloc_pool_sleep")(int(device), int(pool), 1 if backup else 0))
+    pool, device = _pool_and_device("pool_sleep", pool, device)
+    _check("graphalloc_pool_sleep", _sleep_function("graphalloc_pool_sleep")(device, pool, 1 if backup else 0))
 
 
 def pool_wake(pool: int, device: int = 0) -> None:
     """Wakes one pool (pool 0: the default pool), as ``wake``."""
-    _check("graphalloc_pool_wake", _sleep_function("graphalloc_pool_wake")(int(device), int(pool)))
+    pool, device = _pool_and_device("pool_wake", pool, device)
+    _check("graphalloc_pool_wake", _sleep_function("graphalloc_pool_wake")(device, pool))
 
 
 def pool_sleep_state(pool: int = 0, device: int = 0) -> dict:
     """Whether `pool` (0: the default pool) sleeps: {"asleep": bool, "sleeping_bytes": bytes of its address
     space whose memory is asleep, "backup_bytes": pinned host bytes held for its backup (asleep: the backup;
     awake: the buffer the wake kept for the next backed-up sleep, until empty_cache())}."""
+    pool, device = _pool_and_device("pool_sleep_state", pool, device)
     asleep = ctypes.c_int(0)
     sleeping, backup = ctypes.c_size_t(0), ctypes.c_size_t(0)
     _check("graphalloc_pool_sleep_state",
-           _sleep_function("graphalloc_pool_sleep_state")(int(device), int(pool), ctypes.byref(asleep),
+           _sleep_function("graphalloc_pool_sleep_state")(device, pool, ctypes.byref(asleep),
                                                            ctypes.byref(sleeping), ctypes.byref(backup)))
     return {"asleep": bool(asleep.value), "sleeping_bytes": sleeping.value, "backup_bytes": backup.value}
 
@@ -549,25 +586,28 @@ def nccl_register(comm: int, pool: int = ALL_POOLS, device: int = 0) -> NcclRegi
     """Registers every mapping of `pool` (a graphalloc pool id; ALL_POOLS: every pool) of `device` with the
     NCCL communicator `comm` (an ncclComm_t as an int), now and whenever one is mapped, and deregisters each
     before it is unmapped. libnccl is loaded at run time ($GRAPHALLOC_NCCL_LIBRARY, else libnccl.so.2)."""
+    pool, device = _pool_and_device("nccl_register", pool, device)
+    comm = _args.size("nccl_register", "comm", comm)
     handle = ctypes.c_uint64(0)
     _check("graphalloc_nccl_register", _exported("graphalloc_nccl_register", "NCCL registration")(
-        int(device), int(pool), ctypes.c_void_p(int(comm)), ctypes.byref(handle)))
-    return NcclRegistration(handle.value, int(device), int(pool))
+        device, pool, ctypes.c_void_p(comm), ctypes.byref(handle)))
+    return NcclRegistration(handle.value, device, pool)
 
 
 def cli_path() -> Optional[str]:
-    """The `graphalloc` command-line tool: $GRAPHALLOC_CLI, next to the library (build/tools/graphalloc,
-    <prefix>/bin/graphalloc), the checkout's build*/tools, then $PATH. None when not found."""
+    """The `graphalloc` command-line tool: $GRAPHALLOC_CLI, the package's own bin/graphalloc (pip install
+    packs it), next to the library (build/tools/graphalloc, <prefix>/bin/graphalloc), the build*/tools of the
+    checkout the package comes from, then $PATH. None when not found."""
     env = os.environ.get("GRAPHALLOC_CLI")
     if env and Path(env).is_file():
         return env
-    cands: List[Path] = []
+    cands: List[Path] = [Path(__file__).resolve().parent / "bin" / "graphalloc"]
     try:
         lib_dir = Path(library_path()).parent
         cands += [lib_dir / "tools" / "graphalloc", lib_dir.parent / "bin" / "graphalloc"]
     except FileNotFoundError:
         pass
-    cands += [d / "tools" / "graphalloc" for d in sorted(_repo_root().glob("build*")) if d.is_dir()]
+    cands += [d / "tools" / "graphalloc" for d in sorted(_source_checkout().glob("build*")) if d.is_dir()]
     for c in cands:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)

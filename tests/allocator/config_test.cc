@@ -57,7 +57,7 @@ TEST(ConfigTest, ParsesHistoryKeys) {
   EXPECT_EQ(config->history_max_entries, 500u);
   EXPECT_TRUE(config->history_stacks);
   EXPECT_THAT(Config::Parse("history_max_entries:0").status().message(),
-              HasSubstr("accepted: an integer number of events from 1 to 4294967296"));
+              HasSubstr("accepted: an integer number of events from 1 to 268435456"));
 }
 
 TEST(ConfigTest, ParsesShareableHandlesAndNamesItOnlyWhenOn) {

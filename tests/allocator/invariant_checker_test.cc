@@ -109,7 +109,7 @@ class InvariantCheckerTest : public ::testing::Test {
   BlockCache blocks_{config_, history_};
   ShardTable shards_;
   Mutex device_mu_;
-  SegmentLedger ledger_{config_.max_split_size, history_};
+  SegmentLedger ledger_{config_.max_split_size, history_, /*device=*/0};
   PoolRegistry pools_;
   MappingHooks hooks_{0};
   std::unique_ptr<SimDriver> driver_;

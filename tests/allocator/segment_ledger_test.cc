@@ -27,7 +27,7 @@ class SegmentLedgerTest : public ::testing::Test {
   PoolState pool_{1, {}, nullptr};
   StreamShard default_shard_{kDefaultStream, nullptr};
   StreamShard pool_shard_{kDefaultStream, &pool_};
-  SegmentLedger ledger_{/*max_split_size=*/64 * kMiB, history_};
+  SegmentLedger ledger_{/*max_split_size=*/64 * kMiB, history_, /*device=*/0};
 };
 
 TEST_F(SegmentLedgerTest, RegularSegmentsAreReservedWhole) {

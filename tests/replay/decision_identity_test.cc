@@ -286,7 +286,10 @@ TEST_P(DecisionIdentityTest, EveryAddressAndStatisticIsAsBeforeTheRestructuring)
   EXPECT_EQ(got.stats, e.want.stats) << "a statistic (peak, total or counter) differs from before";
 }
 
-// Produced by this test on main before the restructuring (the commit that added it).
+// Produced by this test on main before the restructuring (the commit that added it). The mixed workloads'
+// statistics and peak allocated bytes changed on purpose with exact peaks (issue 32): their peaks were sums
+// of per-stream peaks (1,953 MB allocated at the peak against 1,724 MB reserved, which cannot be), and a
+// block freed with stream uses now counts as freed at once; every address is as before.
 const Expected kExpected[] = {
     {"gpt2_train.csv.gz", "", {0x3b00414fea3d9544ULL, 0xf6752db377a93302ULL, 7851737088ULL, 7701366272ULL}},
     {"gpt2_train.csv.gz",
@@ -304,14 +307,14 @@ const Expected kExpected[] = {
     {"gpt2_generate_varying.csv.gz",
      "expandable_segments:False",
      {0x4bb58d013e1b4764ULL, 0x79739fd757bf839bULL, 666894336ULL, 576153600ULL}},
-    {"mixed", "", {0xb6e6a6743e92903bULL, 0xc4907e5a2bee63bdULL, 1723858944ULL, 1953089024ULL}},
+    {"mixed", "", {0xb6e6a6743e92903bULL, 0xa7de497025ae6da8ULL, 1723858944ULL, 1034722304ULL}},
     {"mixed",
      "expandable_segments:False",
-     {0xe44b26d91d90bfe5ULL, 0xba54482145522efbULL, 2134900736ULL, 1953113088ULL}},
+     {0xe44b26d91d90bfe5ULL, 0x28795bb738750c2eULL, 2134900736ULL, 1034724864ULL}},
     {"mixed",
      "expandable_segments:False,max_split_size_mb:64,garbage_collection_threshold:0.5,per_process_memory_"
      "fraction:0.05",
-     {0x29debd5c1eceaf42ULL, 0x3ea353a2bb01039cULL, 2214592512ULL, 1896496128ULL}},
+     {0x29debd5c1eceaf42ULL, 0xc076bee37f12db8dULL, 2214592512ULL, 978107392ULL}},
 };
 
 INSTANTIATE_TEST_SUITE_P(Workloads, DecisionIdentityTest, ::testing::ValuesIn(kExpected),

@@ -202,6 +202,41 @@ TEST(HistoryRingTest, MaxEntriesBeyondTheLargestRingIsAnError) {
   EXPECT_EQ(ring.options().max_entries, 4u);
 }
 
+// Memory follows the events recorded, not max_entries: a ring of 10^8 (PyTorch users ask for more) costs
+// nothing until events arrive, then one page of kHistoryPageSlots at a time. (Allocated whole it took 7.35 GB
+// and 28 s before the first allocation from Python.)
+TEST(HistoryRingTest, TheRingGrowsWithTheEventsNotWithMaxEntries) {
+  HistoryRing ring;
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(ring.RecordHistory(On(100000000)).ok());
+  EXPECT_EQ(ring.AllocatedSlots(), 0u);
+  for (std::uint64_t i = 0; i < 10; ++i) ring.Record(HistoryAction::kAlloc, i, 1, 0, 0);
+  EXPECT_EQ(ring.AllocatedSlots(), kHistoryPageSlots);
+  for (std::uint64_t i = 10; i < 10000; ++i) ring.Record(HistoryAction::kAlloc, i, 1, 0, 0);
+  EXPECT_EQ(ring.AllocatedSlots(), 3 * kHistoryPageSlots);
+  const HistoryContents c = ring.Read();
+  ASSERT_EQ(c.events.size(), 10000u);
+  EXPECT_EQ(c.events[9999].address, 9999u);
+  EXPECT_FALSE(c.overflowed);
+  EXPECT_EQ(c.skipped, 0u);
+  EXPECT_EQ(c.max_entries, 100000000u);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  // The largest ring is accepted, and it too costs nothing yet.
+  ASSERT_TRUE(ring.RecordHistory(On(kMaxHistoryEntries)).ok());
+  EXPECT_EQ(ring.AllocatedSlots(), 0u);
+}
+
+TEST(HistoryRingTest, ASmallRingIsOneSmallPageAndWrapsInIt) {
+  HistoryRing ring;
+  ASSERT_TRUE(ring.RecordHistory(On(100)).ok());  // 128 slots
+  for (std::uint64_t i = 0; i < 1000; ++i) ring.Record(HistoryAction::kAlloc, i, 1, 0, 0);
+  EXPECT_EQ(ring.AllocatedSlots(), 128u);
+  const HistoryContents c = ring.Read();
+  ASSERT_EQ(c.events.size(), 100u);
+  EXPECT_EQ(c.events.front().address, 900u);
+  EXPECT_TRUE(c.overflowed);
+}
+
 TEST(HistoryRingTest, EightThreadsRecordConcurrently) {
   constexpr int kThreads = 8;
   constexpr int kPerThread = 20000;

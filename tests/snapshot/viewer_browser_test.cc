@@ -191,6 +191,7 @@ TEST(ViewerBrowserTest, ReplayedTraceAndPickle) {
       }
     }
   }
+  EXPECT_EQ(totals.largest_free_block, largest_free_run);  // the summary's figure is the viewer's
   dom = ResultTags(RenderedDom(dir + "/gen.html", absl::StrCat("#event=", at)));
   EXPECT_THAT(dom, HasSubstr("data-status=\"ok\""));
   EXPECT_THAT(dom, HasSubstr(absl::StrCat("data-reserved=\"", totals.reserved_bytes, "\" data-allocated=\"",

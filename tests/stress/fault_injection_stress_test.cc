@@ -198,12 +198,12 @@ class FaultInjectionStress {
   }
 
   // Every block the test holds is known to the allocator (with its contents intact when `contents`); the
-  // allocator holds no other allocation but the test's deferred frees.
+  // allocator holds no other allocation (frees deferred during a capture count as frees).
   AssertionResult CheckLive(bool contents) {
     const std::int64_t count = allocator_->GetStats().allocation.all().current;
-    if (count != static_cast<std::int64_t>(live_.size()) + deferred_) {
+    if (count != static_cast<std::int64_t>(live_.size())) {
       return AssertionFailure() << "the allocator counts " << count << " allocations, the test holds "
-                                << live_.size() << " and has " << deferred_ << " frees deferred";
+                                << live_.size();
     }
     for (const auto& [ptr, l] : live_) {
       // RecordStream on the block's own stream changes nothing; it fails for an unknown pointer.
@@ -464,30 +464,14 @@ class FaultInjectionStress {
             << where << ": " << kOpNames[kind] << " failed by itself: " << status;
       }
     }
-    // Frees deferred during a capture: allocations the test let go of that the allocator still counts.
-    // They complete only when the capture's route ends, or in EmptyCache.
-    const std::int64_t pending = after.allocation.all().current - static_cast<std::int64_t>(live_.size());
-    ASSERT_GE(pending, 0) << after_op;
-    ASSERT_LE(pending, deferred_) << after_op;
-    const std::int64_t completed = deferred_ - pending;
-    if (completed > 0) {
-      ASSERT_TRUE(kind == kEndCapture || kind == kEmptyCache) << after_op;
-    }
-    if (status.ok() && ((kind == kEndCapture && !capturing_) || kind == kEmptyCache)) {
-      ASSERT_EQ(pending, 0) << after_op;
-    }
-    deferred_ = pending;
+    // Frees deferred during a capture count as frees at once (as PyTorch's allocator counts them): the
+    // allocator's allocations are the test's.
+    ASSERT_EQ(after.allocation.all().current, static_cast<std::int64_t>(live_.size())) << after_op;
     if (!status.ok() && kind != kBadFree) {
-      // Strong guarantee: no allocation appeared or vanished (but deferred frees that completed), and the
-      // bytes handed out are the same.
-      if (completed == 0) {
-        ASSERT_EQ(after.allocation, before.allocation) << after_op;
-        ASSERT_EQ(after.allocated_bytes.all().current, before.allocated_bytes.all().current) << after_op;
-        ASSERT_EQ(after.requested_bytes.all().current, before.requested_bytes.all().current) << after_op;
-      } else {
-        ASSERT_EQ(after.allocation.all().current, before.allocation.all().current - completed) << after_op;
-        ASSERT_LT(after.allocated_bytes.all().current, before.allocated_bytes.all().current) << after_op;
-      }
+      // Strong guarantee: no allocation appeared or vanished, and the bytes handed out are the same.
+      ASSERT_EQ(after.allocation, before.allocation) << after_op;
+      ASSERT_EQ(after.allocated_bytes.all().current, before.allocated_bytes.all().current) << after_op;
+      ASSERT_EQ(after.requested_bytes.all().current, before.requested_bytes.all().current) << after_op;
       // A failure may have released cached memory on the way (the out-of-memory path empties the cache
       // before it gives up), never taken more, unless the device refused to unmap a chunk mapped for it.
       if (!unmap_refused) {
@@ -523,10 +507,9 @@ class FaultInjectionStress {
       ASSERT_EQ(after.allocation.all().current, before.allocation.all().current + 1) << where;
     } else if (kind == kFree) {
       live_.erase(victim);
+      ASSERT_EQ(after.allocation.all().current, before.allocation.all().current - 1) << where;
       if (deferred_free) {
-        // Still allocated until the capture's route ends, yet freed for its owner: a second free is refused.
-        ++deferred_;
-        ASSERT_EQ(after.allocation.all().current, before.allocation.all().current) << where;
+        // Counted freed, but its events wait until the capture's route ends: a second free is refused.
         ASSERT_TRUE(absl::IsInvalidArgument(allocator_->Free(victim))) << where;
       } else {
         ASSERT_EQ(after.allocation.all().current, before.allocation.all().current - 1) << where;
@@ -584,8 +567,7 @@ class FaultInjectionStress {
       ASSERT_TRUE(graph.ok()) << "ending the capture at the end: " << graph.status();
       capturing_ = false;
       ASSERT_TRUE(sim_->GraphDestroy(*graph).ok());
-      ASSERT_TRUE(capture_route_.End().ok());
-      deferred_ = 0;  // the route's end completed the frees deferred during the capture
+      ASSERT_TRUE(capture_route_.End().ok());  // completes the frees deferred during the capture
     }
     ReleaseGraph();
     ASSERT_TRUE(CheckLive(/*contents=*/true)) << "at the end";
@@ -628,7 +610,6 @@ class FaultInjectionStress {
   std::unique_ptr<CachingAllocator> allocator_;
   std::vector<Stream> streams_;
   std::map<DevicePtr, Live> live_;
-  std::int64_t deferred_ = 0;    // frees deferred until the capture's route ends (still allocations)
   bool without_access_ = false;  // the device had memory mapped without access at the last look
   // Scenarios with pools: the pool, the capture into it (on capture_stream_, routed to capture_pool_),
   // the last captured graph with its pin on the pool, and the last checkpoint.

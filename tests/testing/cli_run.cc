@@ -3,6 +3,9 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
+
+#include "gtest/gtest.h"
 
 namespace graphalloc::testing {
 
@@ -16,6 +19,14 @@ CliRun RunCommand(const std::string& command) {
   const int status = pclose(pipe);
   run.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  return dir;
 }
 
 CliRun RunCli(const std::string& binary, const std::string& args, const std::string& env) {

@@ -15,6 +15,10 @@ struct CliRun {
 // Runs `command` through the shell (popen) and collects its stdout and exit code.
 CliRun RunCommand(const std::string& command);
 
+// A fresh, empty directory `name` under GoogleTest's temporary directory (removed first when it is there),
+// for a test's files; its path.
+std::string FreshDir(const std::string& name);
+
 // Runs "`binary` `args` 2>&1" through the shell (so `args` may hold redirections and `env` assignments
 // like "GRAPHALLOC_CONF=x" that go before the binary).
 CliRun RunCli(const std::string& binary, const std::string& args, const std::string& env = "");

@@ -3,7 +3,7 @@ APIs are served by graphalloc. name() / get_allocator_backend(); torch.cuda.memo
 own statistics (its C ABI) key by key, with exact deltas; reset of peak and accumulated statistics; empty_cache;
 memory fraction + out of memory as torch.cuda.OutOfMemoryError naming graphalloc, with the OOM observer called;
 caching_allocator_alloc/delete (raw_alloc/raw_delete); record_stream; cuDNN benchmark mode (cacheInfo), also
-training torchvision's ResNet-50;
+training torchvision's ResNet-50; cacheInfo's largest block equal to the largest contiguous free run;
 IPC of an expandable segment without shareable handles refused with an error naming the key (sharing itself:
 backend_ipc_test.py); torch.cuda.MemPool + use_mem_pool (allocations land in the pool, use count,
 memory released after del)."""
@@ -276,6 +276,30 @@ class BackendApiTest(unittest.TestCase):
         self.assertTrue(all(l == l and l < 100 for l in losses), losses)
         self.assertLess(losses[-1], losses[0])
         self.assertEqual(torch.cuda.get_allocator_backend(), "graphalloc")
+
+    def test_cache_info_is_the_largest_run(self):
+        # PyTorch's cacheInfo (cuDNN sizes its workspace from it) gives the largest contiguous free run,
+        # the largest inactive block of torch.cuda.memory_snapshot() (expandable segments are shown one
+        # segment per mapped range), never a sum of pieces across unmapped holes.
+        import ctypes
+        torch, gat = self.torch, self.gat
+        shim = gat._shim
+        shim.graphalloc_torch_backend_cache_info.restype = ctypes.c_size_t
+        shim.graphalloc_torch_backend_cache_info.argtypes = [ctypes.c_int, ctypes.c_size_t]
+        torch.cuda.empty_cache()
+        keep, gone = [], []
+        for i in range(12):  # live and free blocks interleaved: several free runs of different sizes
+            (keep if i % 3 == 0 else gone).append(torch.empty((i + 1) * MiB, dtype=torch.uint8, device="cuda"))
+        del gone
+        torch.cuda.synchronize()
+        largest_inactive = max((b["size"] for seg in torch.cuda.memory_snapshot() for b in seg["blocks"]
+                                if b["state"] == "inactive"), default=0)
+        print("largest inactive block:", largest_inactive, flush=True)
+        self.assertGreater(largest_inactive, 0)
+        self.assertEqual(shim.graphalloc_torch_backend_cache_info(0, 1), largest_inactive)
+        free, _ = torch.cuda.mem_get_info()
+        self.assertGreaterEqual(shim.graphalloc_torch_backend_cache_info(0, 0), max(largest_inactive, free) - 64 * MiB)
+        del keep
 
     def test_ipc_share_without_shareable_handles_is_refused_clearly(self):
         torch = self.torch
