@@ -105,8 +105,9 @@ def driver(args):
                     print(f"{model}/{variant} failed ({r.returncode}): {r.stderr[-2000:]}", file=sys.stderr)
                     continue
                 results.append(dict(json.loads(line[-1]), rep=rep))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+                print(json.dumps(results[-1]), flush=True)  # a run cut short still leaves its figures
+                if args.out:
+                    Path(args.out).write_text(json.dumps(results, indent=1))
     table(results)
 
 
