@@ -509,6 +509,9 @@ class _GraphedCallables:
             self.templates_by_id.pop(forward_id, None)
 
     def run_forward(self, stage: _Stage, inputs, statics):
+        # Forwards that ended (their autograd graphs freed) give back their warm-up or eager autograd graphs
+        # first: a recording must not run beside the activations of a forward nobody needs any more.
+        self._forget_ended()
         try:
             outputs, forward_id, lane, node, sentinel, ended = self.native.forward(stage.index, list(inputs),
                                                                                    list(statics))
@@ -702,6 +705,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, al
                 torch.autograd.grad(outs, wrt, [torch.empty_like(o) for o in outs], allow_unused=True)
             del out, outs
     torch.cuda.synchronize(device)
+    front._forget_ended()  # the warm-ups' autograd graphs (and activations) go now
     for g, state in states:
         g.set_state(state)
     if post_warmup_hook is not None:
