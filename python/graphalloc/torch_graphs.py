@@ -320,7 +320,10 @@ class GraphedFunction:
         out_leaves = [None if isinstance(x, torch.Tensor) else x for x in flat]
         grad_params, grads = [], []
         for k, p in enumerate(params):
-            if p.grad is not None and p.grad is not before[k]:
+            # A gradient is new when the call made it, not when it re-pointed .grad at the same memory (DDP's
+            # gradient_as_bucket_view hands out a new view of its bucket every step).
+            b = before[k]
+            if p.grad is not None and p.grad is not b and (b is None or p.grad.data_ptr() != b.data_ptr()):
                 grad_params.append(k)
                 grads.append(p.grad)
                 p.grad = before[k]  # installed again (owned) once the call is done
