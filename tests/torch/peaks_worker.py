@@ -16,6 +16,8 @@ def main() -> None:
     ap.add_argument("--allocator", choices=["graphalloc", "native"], required=True)
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args()
+    if args.steps < 4:
+        ap.error("--steps must be at least 4: the steady peaks are those of the steps after the third")
     if args.allocator == "graphalloc":
         import graphalloc.torch as gat
         gat.install(backend="allocator")
@@ -32,16 +34,25 @@ def main() -> None:
     compiled = torch.compile(model, mode="reduce-overhead")
     x = torch.randn(32, 128, 256, device="cuda")
     for step in range(args.steps):
+        if step == 3:  # warm-up (step 0), recording (1), and the optimizer's state (2) are behind
+            torch.cuda.synchronize()
+            whole = peaks(torch)
+            torch.cuda.reset_peak_memory_stats()
         opt.zero_grad(set_to_none=True)
         loss = compiled(x).square().mean()
         loss.backward()
         opt.step()
         print(f"loss {step} {loss.item():.6f}", flush=True)
     torch.cuda.synchronize()
-    s = torch.cuda.memory_stats()
     print(f"allocator {torch.cuda.get_allocator_backend()}", flush=True)
-    print(f"peaks allocated {torch.cuda.max_memory_allocated()} requested {s['requested_bytes.all.peak']} "
-          f"active {s['active_bytes.all.peak']} allocation {s['allocation.all.peak']}", flush=True)
+    print(f"peaks {whole}", flush=True)
+    print(f"steady {peaks(torch)}", flush=True)
+
+
+def peaks(torch) -> str:
+    s = torch.cuda.memory_stats()
+    return (f"allocated {torch.cuda.max_memory_allocated()} requested {s['requested_bytes.all.peak']} "
+            f"active {s['active_bytes.all.peak']} allocation {s['allocation.all.peak']}")
 
 
 if __name__ == "__main__":
