@@ -11,10 +11,13 @@ foreach(kind STATIC SHARED)
   add_library(graphalloc::graphalloc_${suffix} ALIAS ${target})
   set_target_properties(${target} PROPERTIES OUTPUT_NAME graphalloc EXPORT_NAME graphalloc_${suffix}
                                              VERSION ${PROJECT_VERSION} SOVERSION ${PROJECT_VERSION_MAJOR})
-  # Users write #include <graphalloc/...>. In the build tree, the project's own programs (tests, tools,
-  # benchmarks, examples) also include their own headers by path from the project root.
+  # Users write #include <graphalloc/...>. In the build tree that is every layer's include root
+  # (GraphallocLayers.cmake); the project's own programs (tests, tools, benchmarks, examples) also include
+  # their own headers by path from the project root.
+  foreach(root IN LISTS GRAPHALLOC_ALL_LAYER_ROOTS)
+    target_include_directories(${target} PUBLIC $<BUILD_INTERFACE:${root}>)
+  endforeach()
   target_include_directories(${target} PUBLIC
-    $<BUILD_INTERFACE:${GRAPHALLOC_INCLUDE_ROOT}>
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(${target} PUBLIC ${GRAPHALLOC_PUBLIC_DEPS})

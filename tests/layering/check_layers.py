@@ -5,8 +5,11 @@ The layers, their folders and what each may link are declared once, in CMake (cm
 writes them to a manifest at configure time); docs/architecture.md explains them. A file belongs to the
 layer whose folder is the longest prefix of its path. Library files must write project includes as
 "graphalloc/<folder>/<file>.h" and must not include anything outside the library (tests, tools, bench,
-examples, python). Prints one line per violation (file:line, what it includes, why) and exits 1 if there
-is any, 0 otherwise.
+examples, python). Every spelling is checked: quoted, angled (<graphalloc/...>, which the layers' include
+roots resolve as they resolve the quoted one) and relative ("../rng/x.h", "x.h" next to the file), which
+the compiler resolves from the including file's folder whatever the include path, so only this test can
+refuse it. Prints one line per violation (file:line, what it includes, why) and exits 1 if there is any,
+0 otherwise.
 
 usage: check_layers.py MANIFEST SOURCE_ROOT
 The manifest has one line per layer, bottom first: "<name> <folder> <dep>,<dep>,..." ("-" for none).
@@ -15,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)')
 SOURCE_SUFFIXES = {".h", ".cc", ".cu", ".cuh", ".inc"}
 OUTSIDE_LIBRARY = ("tests/", "tools/", "bench/", "examples/", "python/")
 PROJECT_FOLDERS = ("allocator/", "graph/", "rng/") + OUTSIDE_LIBRARY
@@ -73,13 +76,22 @@ def check(manifest, root):
                 match = INCLUDE.match(line)
                 if not match:
                     continue
-                included = match.group(1)
-                where = f"{relative}:{number}: includes \"{included}\""
+                quoted, angled = match.group(1), match.group(2)
+                included = quoted if quoted is not None else angled
+                where = (f"{relative}:{number}: includes \"{included}\"" if quoted is not None
+                         else f"{relative}:{number}: includes <{included}>")
+                if quoted is not None and not included.startswith("graphalloc/"):
+                    beside = (path.parent / included).resolve()
+                    if beside.is_file() and root.resolve() in beside.parents:
+                        target = beside.relative_to(root.resolve()).as_posix()
+                        problems.append(f"{where}: a relative include, which no include path can refuse: write "
+                                        f"\"graphalloc/{target}\"")
+                        continue
                 if included.startswith(PROJECT_FOLDERS):
                     problems.append(f"{where}: write project includes as \"graphalloc/{included}\"")
                     continue
                 if not included.startswith("graphalloc/"):
-                    continue  # a third-party header, or one generated into the build tree
+                    continue  # a third-party or system header, or one generated into the build tree
                 target = included[len("graphalloc/"):]
                 if target.startswith(OUTSIDE_LIBRARY):
                     problems.append(f"{where}: the library never includes tests, tools, bench, examples or python")
