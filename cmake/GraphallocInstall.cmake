@@ -7,11 +7,26 @@ install(TARGETS graphalloc graphalloc_static graphalloc_shared EXPORT graphalloc
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 # Headers as users include them, <graphalloc/allocator/...>, <graphalloc/graph/...>, <graphalloc/rng/...>;
-# the C ABI also as <graphalloc/graphalloc.h>. The devices' internals (sim/, cuda/) and the headers internal
-# to one layer's sources are not installed: no installed header includes them.
-install(DIRECTORY allocator graph rng DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/graphalloc
-        FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh"
-        REGEX "allocator/device/(sim|cuda)/" EXCLUDE REGEX "_internal\\.h$" EXCLUDE)
+# the C ABI also as <graphalloc/graphalloc.h>. The public headers (docs/architecture.md, "Public API and
+# exported symbols"; cmake/graphalloc.map exports what they declare) and the headers they include, which
+# an installed header needs to compile (the members of public classes); every other header is internal and
+# stays in the source tree. GraphallocInstallHeaders.cmake follows the includes when installing.
+set(GRAPHALLOC_PUBLIC_HEADERS
+  allocator/c_api/graphalloc.h
+  allocator/caching_allocator.h allocator/config.h allocator/stats/stats.h allocator/stats/stat_names.h
+  allocator/private_pool.h allocator/pool_handle.h allocator/pool_checkpoint.h allocator/pool_sleep.h
+  allocator/mapping_observer.h allocator/segment_source.h allocator/snapshot/memory_snapshot.h
+  allocator/history/history_ring.h allocator/default_allocator.h
+  allocator/device/driver.h allocator/device/driver_error.h allocator/device/forwarding_driver.h
+  allocator/device/sim_driver.h allocator/device/cuda_driver.h
+  graph/*.h graph/lifetime/*.h rng/*.h)
+# The CUDA launchers, plain C++ for nvcc: called by the random ops' sources only.
+set(GRAPHALLOC_PRIVATE_HEADERS rng/random_kernels_cuda.h)
+install(CODE "set(GRAPHALLOC_SOURCE_DIR \"${PROJECT_SOURCE_DIR}\")
+set(GRAPHALLOC_HEADER_DESTINATION \"${CMAKE_INSTALL_INCLUDEDIR}/graphalloc\")
+set(GRAPHALLOC_PUBLIC_HEADERS \"${GRAPHALLOC_PUBLIC_HEADERS}\")
+set(GRAPHALLOC_PRIVATE_HEADERS \"${GRAPHALLOC_PRIVATE_HEADERS}\")")
+install(SCRIPT ${PROJECT_SOURCE_DIR}/cmake/GraphallocInstallHeaders.cmake)
 install(FILES allocator/c_api/graphalloc.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/graphalloc)
 install(FILES LICENSE DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/graphalloc)
 install(EXPORT graphallocTargets NAMESPACE graphalloc:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/graphalloc)
