@@ -71,6 +71,7 @@ def _native():
         if _native_module is not None:
             return _native_module
         import graphalloc.torch as gat
+        from graphalloc import _torch_state
         if gat.backend() != "allocator":
             raise GraphBackendError(
                 "graphalloc's CUDA graphs need graphalloc as PyTorch's allocator: call graphalloc.torch.install() "
@@ -78,7 +79,7 @@ def _native():
                 f"{gat.backend() or 'not installed'}; {gat.hooks().get('backend', '')})")
         suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
         here = os.path.dirname(os.path.abspath(__file__))
-        dirs = [os.path.dirname(gat._shim_path or _ga.library_path()), os.path.dirname(_ga.library_path()), here]
+        dirs = [os.path.dirname(_torch_state.shim_path or _ga.library_path()), os.path.dirname(_ga.library_path()), here]
         env = os.environ.get("GRAPHALLOC_TORCH_GRAPHS")
         candidates = [env] if env else [p for d in dirs for p in sorted(glob.glob(os.path.join(d, "_torch_graphs" + suffix)))]
         for path in candidates:

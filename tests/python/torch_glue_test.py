@@ -19,6 +19,8 @@ if importlib.util.find_spec("torch") is None:
     # graphalloc.torch refuses to import without PyTorch; these tests pass it stand-ins for what it calls.
     sys.modules["torch"] = types.ModuleType("torch")
 import graphalloc.torch as gat  # noqa: E402
+from graphalloc import _torch_graph_pools as pools  # noqa: E402
+from graphalloc import _torch_state as state  # noqa: E402
 
 KEY = (0, 7, 0)  # (device, mempool id first, second) of the fake capture
 
@@ -116,11 +118,11 @@ class FakeNative:
 
 class WiringTest(unittest.TestCase):
     def setUp(self):
-        gat._hooks.clear()
+        state.hooks.clear()
 
     def wire(self, shim, native=None, reason="no shim here", fail_at=None):
         torch = fake_torch(shim if shim is not None else FakeShim(), fail_at)
-        gat._wire_graph_pools(native or FakeNative(), torch, shim, reason)
+        pools.wire_graph_pools(native or FakeNative(), torch, shim, reason)
         return torch
 
     def assert_refused(self, torch, reason_part):
@@ -205,26 +207,26 @@ class FindShimTest(unittest.TestCase):
 
     def test_off_disables_it(self):
         os.environ["GRAPHALLOC_TORCH_SHIM"] = "off"
-        path, reason = gat._find_shim()
+        path, reason = pools.find_shim()
         self.assertIsNone(path)
         self.assertIn("disabled by GRAPHALLOC_TORCH_SHIM", reason)
 
     def test_a_missing_file_is_named(self):
         os.environ["GRAPHALLOC_TORCH_SHIM"] = "/nonexistent/libgraphalloc_torch.so"
-        path, reason = gat._find_shim()
+        path, reason = pools.find_shim()
         self.assertIsNone(path)
         self.assertIn("/nonexistent/libgraphalloc_torch.so", reason)
 
     def test_an_existing_file_is_used(self):
         with tempfile.NamedTemporaryFile(suffix=".so") as f:
             os.environ["GRAPHALLOC_TORCH_SHIM"] = f.name
-            path, reason = gat._find_shim()
+            path, reason = pools.find_shim()
             self.assertEqual(path, os.path.realpath(f.name))
             self.assertEqual(reason, "")
 
     def test_default_search_lists_where_it_looked(self):
         os.environ.pop("GRAPHALLOC_TORCH_SHIM", None)
-        path, reason = gat._find_shim()
+        path, reason = pools.find_shim()
         if path is None:  # a build without PyTorch: no shim beside the library
             self.assertIn(os.path.dirname(gat._ga.library_path()), reason)
         else:
@@ -256,7 +258,7 @@ class BackendChoiceTest(unittest.TestCase):
     """install()'s choice between the C++ backend and the pluggable path, without PyTorch."""
 
     def setUp(self):
-        gat._hooks.clear()
+        state.hooks.clear()
         self.torch = fake_torch(FakeShim())
         self.torch.cuda.memory = types.SimpleNamespace(_get_current_allocator=lambda: "pytorch's allocator object")
 
@@ -290,7 +292,7 @@ class BackendChoiceTest(unittest.TestCase):
             self.assertEqual(gat.graph_pool_id((7, 0), device=0), 42)
             self.assertEqual(gat.open_capture_routes(), 0)
         finally:
-            gat._pool_table = None
+            state.pool_table = None
 
 
 if __name__ == "__main__":

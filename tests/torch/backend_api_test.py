@@ -283,7 +283,8 @@ class BackendApiTest(unittest.TestCase):
         # segment per mapped range), never a sum of pieces across unmapped holes.
         import ctypes
         torch, gat = self.torch, self.gat
-        shim = gat._shim
+        from graphalloc import _torch_state
+        shim = _torch_state.shim
         shim.graphalloc_torch_backend_cache_info.restype = ctypes.c_size_t
         shim.graphalloc_torch_backend_cache_info.argtypes = [ctypes.c_int, ctypes.c_size_t]
         torch.cuda.empty_cache()
