@@ -16,6 +16,7 @@ set(GRAPHALLOC_PUBLIC_HEADERS
   allocator/caching_allocator.h allocator/config.h allocator/stats/stats.h allocator/stats/stat_names.h
   allocator/private_pool.h allocator/pool_handle.h allocator/pool_checkpoint.h allocator/pool_sleep.h
   allocator/mapping_observer.h allocator/segment_source.h allocator/snapshot/memory_snapshot.h
+  allocator/snapshot/snapshot_json.h
   allocator/history/history_ring.h allocator/default_allocator.h
   allocator/device/driver.h allocator/device/driver_error.h allocator/device/forwarding_driver.h
   allocator/device/sim_driver.h allocator/device/cuda_driver.h
