@@ -21,22 +21,28 @@ Runs (--runs):
                    it; for graphalloc it only sets common_utils.EXPANDABLE_SEGMENTS, which un-skips the
                    expandable-only tests) and graphalloc's default configuration (expandable)
 
-Each worker goes through ../shared/pytorch-tests/run_with.py (which calls graphalloc.torch.install() before
-the test file imports torch), loads the test file as a module (after defining the names this PyTorch's
-torch.testing._internal modules lack, e.g. TEST_CUDAMALLOCASYNC on 2.11: listed in the report), and runs
-its shard of test ids with unittest, one JSON line per test event into a file the scheduler reads. The
-scheduler kills a worker whose test runs past --test-timeout-s (the test: "timeout"), restarts the rest of
-its shard, marks the test a crashed worker was in as "crashed", and at the end of the budget kills what runs
-and reports every test not run as "not run". Tests whose names match --exclusive-regex (out of memory,
-memory fraction, mem_get_info users: they measure device memory other processes would disturb) run first,
-one worker at a time. Tests whose outcome differs are run again, alone-ish (--rerun-jobs workers), while
-budget is left. pytest is not needed (its presence is reported only).
+Each worker goes through scripts/pytorch_suite/run_with.py (which calls graphalloc.torch.install() before the
+test file imports torch; stubs/ beside it stands in for the expecttest package), loads the test file as a
+module (after defining the names this PyTorch's torch.testing._internal modules lack, e.g.
+TEST_CUDAMALLOCASYNC on 2.11: listed in the report), and runs its shard of test ids with unittest, one JSON
+line per test event into a file the scheduler reads. The scheduler kills a worker whose test runs past
+--test-timeout-s (the test: "timeout"), restarts the rest of its shard, marks the test a crashed worker was in
+as "crashed", and at the end of the budget kills what runs and reports every test not run as "not run". Tests
+whose names match --exclusive-regex (out of memory, memory fraction, mem_get_info users: they measure device
+memory other processes would disturb) run first, one worker at a time. Tests whose outcome differs are run
+again, alone-ish (--rerun-jobs workers), while budget is left. pytest is not needed (its presence is reported
+only).
 
 Output (--out): pytorch_suite.json, pytorch_suite.md, pytorch_suite_logs.txt (tails of crashed / timed-out /
-failed-to-start workers). The pytorch-tests folder is looked up in --tests-dir, $PYTORCH_TESTS_DIR,
-./.pytorch-tests, ./shared/pytorch-tests, ../shared/pytorch-tests (on the GPU machine only the checkout
-travels: copy ../shared/pytorch-tests into an ignored folder of the checkout and carry it).
+failed-to-start workers). PyTorch's test files are not part of the repository: the folder that holds them
+(test_cudagraph_trees.py, test_cuda.py; nothing else is needed there) is looked up in --tests-dir,
+$PYTORCH_TESTS_DIR, ./.pytorch-tests, ./shared/pytorch-tests, ../shared/pytorch-tests (on the GPU machine only
+the checkout travels: copy the test files of ../shared/pytorch-tests into an ignored folder of the checkout
+and carry it).
 """
+# The code: worker.py runs inside a test process, scheduler.py starts and watches those processes,
+# selection.py says which tests run, report.py compares and writes, cli.py ties them together,
+# self_test.py checks them on a fake test file; run_with.py is the launcher every worker starts with.
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent

@@ -18,21 +18,20 @@ import pytorch_suite
 from pytorch_suite import ALLOCATORS
 from pytorch_suite.report import build_report, compare, environment_meta, render_markdown, write_outputs
 from pytorch_suite.scheduler import Chunk, Suite
-from pytorch_suite.selection import (DEFAULT_EXCLUSIVE_REGEX, DEFAULT_TESTCUDA_REGEX, build_queue, find_tests_dir,
-                                     make_runs, select_ids)
+from pytorch_suite.selection import (DEFAULT_EXCLUSIVE_REGEX, DEFAULT_TESTCUDA_REGEX, TEST_FILES, TESTS_DIR_PLACES,
+                                     build_queue, find_tests_dir, make_runs, select_ids)
 
 def main_suite(args) -> int:
     t0 = time.time()
     if args.fake:
         args.tests_dir = Path(tempfile.mkdtemp(prefix="suite_fake_"))
-        (args.tests_dir / "run_with.py").write_text("# fake\n")
         from pytorch_suite.self_test import FAKE_TEST_FILE  # here: self_test imports this module
         (args.tests_dir / "test_fake_suite.py").write_text(FAKE_TEST_FILE)
     else:
         found = find_tests_dir(args.tests_dir)
         if found is None:
-            print("pytorch_suite: no pytorch-tests folder (with run_with.py) found: pass --tests-dir",
-                  file=sys.stderr)
+            print(f"pytorch_suite: no folder with PyTorch's {' or '.join(TEST_FILES)} in {TESTS_DIR_PLACES}: "
+                  "pass --tests-dir", file=sys.stderr)
             return 2
         args.tests_dir = found
     runs = make_runs(args)
@@ -129,7 +128,7 @@ def parse_args(argv=None):
     ap.add_argument("--rerun-max", type=int, default=40)
     ap.add_argument("--rerun-jobs", type=int, default=4)
     ap.add_argument("--rerun-chunk", type=int, default=4)
-    ap.add_argument("--tests-dir", default=None)
+    ap.add_argument("--tests-dir", default=None, help="the folder of PyTorch's test files")
     ap.add_argument("--work-dir", default=None, help="worker logs and events (default: a temporary folder)")
     ap.add_argument("--keep-work", action="store_true")
     ap.add_argument("--no-patch", action="store_true", help="do not define names missing in torch.testing")

@@ -16,8 +16,11 @@ from typing import Dict, List, Optional
 from pytorch_suite import REPO, SPEC_ENV
 from pytorch_suite.report import first_lines
 
-# A worker is this command line with --worker (run through the tests folder's run_with.py).
+# A worker is the command line with --worker, started through run_with.py, which installs graphalloc first.
 ENTRY = REPO / "scripts" / "pytorch_suite.py"
+RUN_WITH = Path(__file__).resolve().parent / "run_with.py"
+# A stand-in for the expecttest package, which the test files import and the GPU machine lacks.
+STUBS = Path(__file__).resolve().parent / "stubs"
 
 
 class Chunk:
@@ -88,7 +91,7 @@ class Suite:
         else:
             env.update(spec.get("graphalloc_env", {}))
         tests_dir = str(self.args.tests_dir)
-        paths = [str(REPO / "python"), os.path.join(tests_dir, "stubs"), tests_dir]
+        paths = [str(REPO / "python"), str(STUBS), tests_dir]
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -115,8 +118,7 @@ class Suite:
         if self.args.fake:
             cmd = [sys.executable, str(ENTRY), "--worker"]
         else:
-            cmd = [sys.executable, str(self.args.tests_dir / "run_with.py"), chunk.allocator,
-                   str(ENTRY), "--worker"]
+            cmd = [sys.executable, str(RUN_WITH), chunk.allocator, str(ENTRY), "--worker"]
         with open(log, "wb") as lf:
             proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                     cwd=str(self.args.tests_dir), start_new_session=True)

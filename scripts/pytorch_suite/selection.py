@@ -20,12 +20,17 @@ DEFAULT_EXCLUSIVE_REGEX = (r"out_of_memory|oom|memory_fraction|per_process_memor
                            r"huge|cublas_workspace_memory|max_split_expandable|garbage_collect_expandable|"
                            r"allocator_fuzz|mem_get_info|device_memory_used")
 
+# A folder holding one of them is taken for the folder of PyTorch's test files.
+TEST_FILES = ("test_cudagraph_trees.py", "test_cuda.py")
+TESTS_DIR_PLACES = "--tests-dir, $PYTORCH_TESTS_DIR, ./.pytorch-tests, ./shared/pytorch-tests, ../shared/pytorch-tests"
+
 
 def find_tests_dir(explicit: Optional[str]) -> Optional[Path]:
+    """The first of TESTS_DIR_PLACES that holds one of TEST_FILES."""
     cands = [explicit, os.environ.get("PYTORCH_TESTS_DIR"), REPO / ".pytorch-tests", REPO / "shared" / "pytorch-tests",
              REPO.parent / "shared" / "pytorch-tests"]
     for c in cands:
-        if c and (Path(c) / "run_with.py").is_file():
+        if c and any((Path(c) / name).is_file() for name in TEST_FILES):
             return Path(c).resolve()
     return None
 

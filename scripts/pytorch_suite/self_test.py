@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from pytorch_suite import SPEC_ENV
 from pytorch_suite.cli import main_suite, parse_args
 from pytorch_suite.report import OUTCOMES, first_lines
+from pytorch_suite.scheduler import RUN_WITH
 from pytorch_suite.selection import not_yet_compared
 
 
@@ -120,6 +123,15 @@ def self_test() -> int:
           'RuntimeError: boom\nmore text\n(at File "x.py", line 3, in f)', "first_lines")
     check(first_lines("worker exited with -11 during this test; its output ended:\na\nb\nSegmentation fault")
           .endswith("Segmentation fault"), "first_lines of a crash")
+    probe = Path(tempfile.mkdtemp(prefix="suite_selftest_run_with_"))
+    outs.append(probe)
+    (probe / "probe.py").write_text("import json, sys; print(json.dumps([sys.argv, sys.path[0]]))\n")
+    ran = subprocess.run([sys.executable, str(RUN_WITH), "native", str(probe / "probe.py"), "-k", "x"],
+                         capture_output=True, text=True, cwd=tempfile.gettempdir())
+    expected = json.dumps([[str(probe / "probe.py"), "-k", "x"], str(probe)])
+    ran_ok = ran.returncode == 0 and ran.stdout.strip() == expected
+    check(ran_ok, "run_with.py native: the file runs with its arguments, its folder first on sys.path" +
+          ("" if ran_ok else f" (got {ran.stdout!r} {ran.stderr[-2000:]!r})"))
     if ok:  # a failed self-test keeps its output folders, to look at
         for out in outs:
             shutil.rmtree(out, ignore_errors=True)
