@@ -42,7 +42,8 @@ def main():
         torch.cuda.make_graphed_callables = gat.make_graphed_callables
         torch.cuda.graphs.make_graphed_callables = gat.make_graphed_callables
     sys.path.insert(0, str(_common.REPO / "scripts"))
-    sys.path.insert(0, str(_common.REPO / "scripts" / "pytorch_suite" / "stubs"))  # expecttest: the GPU machine lacks it
+    # A stand-in for expecttest, which the test file imports and the GPU machine lacks.
+    sys.path.insert(0, str(_common.REPO / "scripts" / "pytorch_suite" / "stubs"))
     sys.path.insert(0, str(tests_dir))
     from pytorch_suite import worker  # noqa: E402: defines what this PyTorch's testing modules lack
     test_file = str(tests_dir / "test_cuda.py")
