@@ -354,6 +354,9 @@ absl::StatusOr<std::vector<TreeOutput>> GraphedStep::RunForward(Lane& lane, Forw
     // overwritten.
     lane.tree->BeginStep();
     lane.handed_out.clear();
+    if (options_.before_lane_reuse) {
+      if (absl::Status s = options_.before_lane_reuse(lane.index, stream); !s.ok()) return s;
+    }
   }
   std::vector<CallInput> call;
   call.reserve(params.size() + inputs.size());

@@ -135,6 +135,12 @@ struct GraphedStepOptions {
   // Capture participants every stage's forward and backward take part with (random generators of a front
   // end, graph/capture_participant.h), after the generators of `rng`. They must outlive the step.
   std::vector<CaptureParticipant*> participants = {};
+  // Called on the caller's stream when a lane begins its next micro-batch: after the outputs it handed out
+  // for the previous one stopped being current (TreeOutput::Current), before anything of the new one is
+  // launched over them. The last moment a front end can copy out what its caller still holds and was
+  // promised to keep (parameter gradients it owns); copies enqueued on `stream` read the old values. An
+  // error fails that Forward.
+  std::function<absl::Status(std::size_t lane, Stream stream)> before_lane_reuse = nullptr;
 };
 
 struct BackwardOptions {

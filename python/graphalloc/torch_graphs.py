@@ -502,13 +502,16 @@ class _GraphedCallables:
         for index, (callable_, sample_leaves, sample_spec, params, buffers, training, alias) in enumerate(stages_args):
             stage = _Stage(self, index, callable_, sample_leaves, sample_spec, params, buffers, training)
             self.stages.append(stage)
-            # Every slot aliases the backward graph's buffer in the step; run_backward copies what PyTorch
-            # would keep (see there), for the parameters whose gradients are owned.
-            stage.owned = [not a for a in alias]
+            # Every slot aliases the backward graph's buffer in the step. An owned parameter gradient is
+            # copied out only if the caller still holds it (as .grad, or in a hook) when its lane is about to
+            # be replayed again; after zero_grad(set_to_none=True), or once AccumulateGrad added it into an
+            # existing .grad, nothing is copied.
+            owned = [not a for a in alias]
             specs.append({"name": stage.name, "num_inputs": stage.num_inputs,
                           "num_params": len(params) + len(buffers), "forward": stage.forward_body,
                           "backward": stage.backward_body,
-                          "alias_slots": [True] * (stage.num_inputs + len(params) + len(buffers))})
+                          "alias_slots": [True] * (stage.num_inputs + len(params) + len(buffers)),
+                          "owned_slots": [False] * stage.num_inputs + owned + [False] * len(buffers)})
         self.native = _native().GraphedCallables(specs, name, device, max_outstanding, max_recordings, warmup_calls,
                                                  generators)
 
@@ -549,23 +552,13 @@ class _GraphedCallables:
 
     def run_backward(self, stage: _Stage, forward_id: int, grads):
         try:
-            slots = self.native.backward(forward_id, list(grads))
+            return self.native.backward(forward_id, list(grads))
         except torch.cuda.OutOfMemoryError as error:
             _add_note(error, _memory_note(self.name, self.native.dump()["lanes"]))
             raise
         except BaseException as error:
             _add_note(error, f"graphalloc: {self.native.last_error}" if self.native.last_error else "")
             raise
-        # An owned parameter gradient is copied out of the graph's buffer when PyTorch would keep that very
-        # tensor: the parameter has no .grad (AccumulateGrad takes the tensor as .grad) or a hook may hold it.
-        # Otherwise AccumulateGrad adds it into .grad at once, and the buffer is free for the next replay.
-        first = stage.num_inputs
-        keep = [first + k for k, p in enumerate(stage.params)
-                if stage.owned[k] and slots[first + k] is not None and (p.grad is None or p._backward_hooks)]
-        if keep:
-            for k, copy in zip(keep, _native().clone_all([slots[k] for k in keep])):
-                slots[k] = copy
-        return slots
 
     def request_release(self, what: str, release: Callable[[], None]) -> None:
         """Runs `release` now, or, while a retained backward (retain_graph=True) of these callables may still

@@ -55,8 +55,10 @@ class GraphedStepStagesTest : public GraphFixture {
     return spec;
   }
 
-  void Make(bool graphed, std::size_t stages, int max_recordings = 5) {
+  void Make(bool graphed, std::size_t stages, int max_recordings = 5,
+            std::function<absl::Status(std::size_t, Stream)> before_lane_reuse = nullptr) {
     GraphedStepOptions options;
+    options.before_lane_reuse = std::move(before_lane_reuse);
     options.name = graphed ? "graphed" : "eager";
     options.graphed = graphed;
     options.tree = CapturingOptions();
@@ -225,6 +227,37 @@ TEST_F(GraphedStepStagesTest, TheGradientPolicyIsPerStageAndFixedAtEachStagesCap
   EXPECT_TRUE(step_->captured(1));
   EXPECT_EQ(step_->SetAliasGradient(1, 1, false).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(step_->SetAliasGradient(2, 0, false).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(GraphedStepStagesTest, ALaneAboutToBeReusedLetsTheFrontEndCopyOutWhatItsCallerStillHolds) {
+  // What a front end that owns parameter gradients does: when the lane begins its next micro-batch, the
+  // gradient its caller still holds (no longer current) is copied out before a replay overwrites it.
+  std::vector<std::size_t> lanes;
+  std::vector<DevicePtr> copies;
+  TreeOutput held;
+  bool held_was_current = false;
+  Make(true, 1, 5, [&](std::size_t lane, Stream stream) -> absl::Status {
+    lanes.push_back(lane);
+    if (held.empty()) return absl::OkStatus();
+    // A pool output (a recording's, a replay's) stopped being current; a warmup's is the caller's anyway.
+    if (held.kind() == OutputKind::kPool) held_was_current = held_was_current || !held.overwritten();
+    GRAPHALLOC_ASSIGN_OR_RETURN(const DevicePtr copy, allocator_->Allocate(held.bytes(), stream));
+    copies.push_back(copy);
+    return driver_->CopyAsync(copy, held.state()->buffer.ptr, held.bytes(), stream);
+  });
+  for (int k = 0; k < 5; ++k) {  // warmup, recording, three replays
+    const StepForward f = Fwd(0, x_[k], w_[0]);
+    held = Bwd(f, Upload(Values(20 + k)))[1];  // gw = gy
+    EXPECT_EQ(Read(held), Values(20 + k)) << "step " << k;
+    ASSERT_OK(allocator_->CheckInvariants());
+  }
+  EXPECT_EQ(lanes, std::vector<std::size_t>(5, 0));
+  EXPECT_FALSE(held_was_current);
+  ASSERT_EQ(copies.size(), 4u);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(Download(copies[k]), Values(20 + k)) << "step " << k;
+    EXPECT_OK(allocator_->Free(copies[k]));
+  }
 }
 
 }  // namespace

@@ -57,13 +57,25 @@ class OwnedGradientsTest(unittest.TestCase):
         try:
             graphed(torch.randn(2, 8, device="cuda")).sum().backward()
             first = seen[0].clone()
-            first_ptr = seen[0].data_ptr()
             model.zero_grad(set_to_none=True)
             graphed(torch.randn(2, 8, device="cuda")).sum().mul(3).backward()
-            self.assertNotEqual(seen[1].data_ptr(), first_ptr)
+            # The held one was moved off the graph's buffer before the next replay wrote it, with its values.
+            self.assertNotEqual(seen[0].data_ptr(), seen[1].data_ptr())
             self.assertTrue(torch.equal(seen[0], first), "the first gradient changed under its holder")
+            self.assertTrue(torch.equal(seen[1], 3 * first))
         finally:
             hook.remove()
+
+    def test_nothing_is_copied_when_nothing_holds_the_gradient(self):
+        model = linear(bias=False)
+        graphed = make_graphed(model, (torch.randn(2, 8, device="cuda"),), allow_unused_input=True)
+        ptrs = []
+        for _ in range(4):  # recorded, then replayed
+            model.zero_grad(set_to_none=True)
+            graphed(torch.randn(2, 8, device="cuda")).sum().backward()
+            ptrs.append(model.weight.grad.data_ptr())
+        # The replays' .grad is the graph's buffer (as PyTorch's): no copy when the previous one was let go.
+        self.assertEqual(ptrs[2], ptrs[3])
 
     @unittest.skipUnless(ours, "graphalloc's opt-out")
     def test_the_clone_opt_out_is_per_parameter_and_fixed_when_graphed(self):
@@ -71,8 +83,9 @@ class OwnedGradientsTest(unittest.TestCase):
         model.weight.skip_backward_post_hook = True  # TransformerEngine's per-parameter opt-out
         graphed = make_graphed(model, (torch.randn(2, 8, device="cuda"),))
         model.bias.skip_backward_post_hook = True  # after graphing: no effect
-        # The hooks hold every gradient they see (so no copy's memory is reused) and note its address while
-        # it is current (an opted-out gradient of an earlier step is overwritten: reading it raises).
+        # The hooks hold every gradient they see and note its address while it is current: the graph's buffer
+        # each time. Before the next replay, the held owned ones move to memory of their own; an opted-out
+        # one of an earlier step is overwritten: reading it raises.
         held = {"weight": [], "bias": []}
         hooks = [model.weight.register_hook(lambda g: held["weight"].append((g, g.data_ptr()))),
                  model.bias.register_hook(lambda g: held["bias"].append((g, g.data_ptr())))]
@@ -84,8 +97,12 @@ class OwnedGradientsTest(unittest.TestCase):
             for h in hooks:
                 h.remove()
         self.assertEqual(held["weight"][1][1], held["weight"][2][1], "an opted-out gradient is the graph's buffer")
-        self.assertNotEqual(held["bias"][1][1], held["bias"][2][1],
-                            "the bias was opted out after graphing: it must still be copied")
+        with self.assertRaisesRegex(RuntimeError, "graphalloc"):
+            held["weight"][1][0].sum()
+        self.assertEqual(held["bias"][1][1], held["bias"][2][1])
+        self.assertNotEqual(held["bias"][1][0].data_ptr(), held["bias"][2][1],
+                            "the bias was opted out after graphing: it must still be copied out when held")
+        self.assertTrue(torch.equal(held["bias"][1][0], torch.full_like(held["bias"][1][0], 2.0)))
 
     @unittest.skipUnless(ours, "graphalloc's opt-out")
     def test_clone_param_grads_on_return_false_aliases(self):

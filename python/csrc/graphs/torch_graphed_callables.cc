@@ -66,6 +66,7 @@ TorchGraphedCallables::TorchGraphedCallables(std::vector<GraphedStage> stages,
   step.tree.eager_outputs_owned = false;
   step.tree.check_input_mutation = false;  // Python compares tensor versions instead
   step.tree.log = WarnInPython();
+  step.before_lane_reuse = [this](std::size_t, graphalloc::Stream) { return CopyOutHeldGradients(); };
   absl::StatusOr<std::unique_ptr<graphalloc::GraphedStep>> made =
       graphalloc::GraphedStep::Create(allocator(), std::move(specs), std::move(step));
   if (!made.ok()) throw std::runtime_error("graphalloc: " + made.status().ToString());
@@ -78,6 +79,8 @@ TorchGraphedCallables::TorchGraphedCallables(std::vector<GraphedStage> stages,
 }
 
 TorchGraphedCallables::~TorchGraphedCallables() {
+  // Owned gradients the caller still holds outlive the graphs (the others are poisoned with them).
+  (void)CopyOutHeldGradients();
   forwards_.clear();
   py::gil_scoped_release release;  // the trees wait for the device
   step_.reset();
@@ -90,6 +93,17 @@ void TorchGraphedCallables::ProcessReleases() {
     ids.swap(releases_->ids);
   }
   for (std::uint64_t id : ids) Discard(id);
+}
+
+absl::Status TorchGraphedCallables::CopyOutHeldGradients() {
+  try {
+    handed_out_.CopyOutOverwritten(device());
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    copy_out_error_ = std::current_exception();
+    return absl::ResourceExhaustedError(std::string("copying out the parameter gradients still held: ") +
+                                        e.what());
+  }
 }
 
 absl::StatusOr<graphalloc::ForwardResult> TorchGraphedCallables::ForwardBody(
@@ -186,6 +200,7 @@ TorchGraphedCallables::ForwardCall TorchGraphedCallables::Forward(
   if (!forward.ok()) {
     calls_.Begin();
     inputs_.clear();
+    if (copy_out_error_) std::rethrow_exception(std::exchange(copy_out_error_, nullptr));
     Raise(forward.status());
   }
   Succeeded();
@@ -234,6 +249,10 @@ std::vector<std::optional<at::Tensor>> TorchGraphedCallables::Backward(
   const std::size_t lane = state.forward.lane();
   std::vector<std::optional<at::Tensor>> out =
       calls_.Finish(step_->tree(lane)->last_call(), lane, *result, inputs_, device(), handed_out_);
+  const std::vector<bool>& owned = stages_[state.stage].owned_slots;
+  for (std::size_t j = 0; j < out.size() && j < owned.size(); ++j) {
+    if (owned[j] && out[j].has_value()) handed_out_.CopyOutOnOverwrite(*out[j]);
+  }
   inputs_.clear();
   grads_.clear();
   return out;

@@ -21,6 +21,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -44,6 +45,10 @@ struct GraphedStage {
   // Gradient slots (one per input, then one per parameter) that alias the backward graph's buffer
   // instead of being cloned; fixed when the stage is first captured.
   std::vector<bool> alias_slots;
+  // Gradient slots the caller owns (parameter gradients not opted out): handed out over the graph's buffer
+  // like the others, then copied to memory of their own only if the caller still holds them when their lane
+  // is about to be reused (HandedOut::CopyOutOverwritten). Empty: none.
+  std::vector<bool> owned_slots;
 };
 
 struct GraphedCallablesOptions : FrontEndOptions {
@@ -96,6 +101,8 @@ class TorchGraphedCallables final : public GraphFrontEnd {
   absl::StatusOr<graphalloc::ForwardResult> ForwardBody(const graphalloc::ForwardArgs& args);
   absl::StatusOr<std::vector<graphalloc::BufferView>> BackwardBody(const graphalloc::BackwardArgs& args);
   void ProcessReleases();
+  // GraphedStepOptions::before_lane_reuse: copies out the owned gradients the caller still holds.
+  absl::Status CopyOutHeldGradients();
 
   std::vector<GraphedStage> stages_;
   GraphedCallablesOptions options_;
@@ -103,8 +110,9 @@ class TorchGraphedCallables final : public GraphFrontEnd {
   absl::flat_hash_map<std::uint64_t, ForwardState> forwards_;
   std::shared_ptr<ReleaseQueue> releases_ = std::make_shared<ReleaseQueue>();
   // The call under way (the step runs bodies synchronously).
-  std::vector<at::Tensor> inputs_;  // in the tree's order: parameters, then inputs (or saved, gradients)
-  std::vector<at::Tensor> grads_;   // a backward's gradients
+  std::vector<at::Tensor> inputs_;     // in the tree's order: parameters, then inputs (or saved, gradients)
+  std::vector<at::Tensor> grads_;      // a backward's gradients
+  std::exception_ptr copy_out_error_;  // what CopyOutHeldGradients threw (an OOM), rethrown by Forward
 };
 
 }  // namespace graphalloc_torch

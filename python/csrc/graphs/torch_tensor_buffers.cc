@@ -1,6 +1,7 @@
 #include "python/csrc/graphs/torch_tensor_buffers.h"
 
 #include <ATen/core/TensorBody.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/ScalarTypeToTypeMeta.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
@@ -146,6 +147,38 @@ void HandedOut::Add(const at::Tensor& t) {
   const std::shared_ptr<graphalloc::OutputState>* out = OutputOf(t);
   if (out == nullptr || (*out)->kind != graphalloc::OutputKind::kPool) return;
   entries_.push_back(Entry{t.storage().getWeakStorageImpl(), *out});
+}
+
+void HandedOut::CopyOutOnOverwrite(const at::Tensor& t) {
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (it->storage._unsafe_get_target() == impl) {
+      it->copy_out = true;
+      return;
+    }
+  }
+}
+
+void HandedOut::CopyOutOverwritten(c10::DeviceIndex device) {
+  std::erase_if(entries_, [device](Entry& e) {
+    if (!e.copy_out) return false;
+    c10::intrusive_ptr<c10::StorageImpl> storage = e.storage.lock();
+    if (!storage) return true;
+    const std::shared_ptr<graphalloc::OutputState> out = e.output.lock();
+    if (out == nullptr || out->Current()) return false;  // (gone: poisoned by PoisonOverwritten)
+    const auto bytes = static_cast<int64_t>(std::min(storage->nbytes(), out->buffer.bytes));
+    at::Tensor copy = at::empty({static_cast<int64_t>(storage->nbytes())},
+                                at::TensorOptions().dtype(at::kByte).device(c10::kCUDA, device));
+    TensorLayout raw;
+    raw.dtype = at::kByte;
+    raw.sizes = {bytes};
+    raw.strides = {1};
+    copy.narrow(0, 0, bytes).copy_(TensorAt(out->buffer.ptr, static_cast<std::size_t>(bytes), raw, device));
+    // The holder of the tree output goes with the old data pointer: the output is dead from here on.
+    storage->set_data_ptr_noswap(
+        copy.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, copy.device())));
+    return true;
+  });
 }
 
 void HandedOut::PoisonOverwritten() {

@@ -70,10 +70,17 @@ at::Tensor TensorAsPassed(const at::Tensor& caller, const graphalloc::BufferView
                           c10::DeviceIndex device);
 
 // The storages a front end handed out over pool outputs, so that those a later replay overwrote can be
-// poisoned.
+// poisoned, or, for those the caller owns, copied out before the replay.
 class HandedOut {
  public:
   void Add(const at::Tensor& t);
+  // Marks the storage of `t` (added last by Add) as the caller's: CopyOutOverwritten keeps its values.
+  void CopyOutOnOverwrite(const at::Tensor& t);
+  // Moves every live marked storage whose output is no longer current (its lane began another micro-batch,
+  // whose launches are not enqueued yet) to memory of its own from PyTorch's allocator, copied on the
+  // current stream: every tensor over it keeps its values, and the tree output it held is released. Throws
+  // what the allocation throws.
+  void CopyOutOverwritten(c10::DeviceIndex device);
   // Poisons every live storage whose output is no longer current (the tree began another step, or is
   // gone), and forgets dead ones.
   void PoisonOverwritten();
@@ -84,6 +91,7 @@ class HandedOut {
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     std::weak_ptr<graphalloc::OutputState> output;
+    bool copy_out = false;
   };
   std::vector<Entry> entries_;
 };
