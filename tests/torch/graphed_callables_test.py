@@ -55,10 +55,11 @@ class OwnedGradientsTest(unittest.TestCase):
         seen = []
         hook = model.weight.register_hook(lambda g: seen.append(g))
         try:
-            graphed(torch.randn(2, 8, device="cuda")).sum().backward()
+            x = torch.randn(2, 8, device="cuda")
+            graphed(x).sum().backward()
             first = seen[0].clone()
             model.zero_grad(set_to_none=True)
-            graphed(torch.randn(2, 8, device="cuda")).sum().mul(3).backward()
+            graphed(x).sum().mul(3).backward()
             # The held one was moved off the graph's buffer before the next replay wrote it, with its values.
             self.assertNotEqual(seen[0].data_ptr(), seen[1].data_ptr())
             self.assertTrue(torch.equal(seen[0], first), "the first gradient changed under its holder")
