@@ -2,6 +2,7 @@
 and graphalloc's (make_graphed_callables, and graphed() over the whole forward, loss and backward).
 
     python3 bench/torch/graphed_bench.py --reps 5 --out OUT/graphed_bench.json
+    python3 bench/torch/graphed_bench.py --same-process --model launch --reps 20 --steps 50   # the two in one process
 
 runs every (model, variant) in its own process, repetitions interleaved (variant order rotated each
 round), and prints per model the median step time with its spread (min..max over repetitions), the
@@ -89,6 +90,59 @@ def worker(args):
                       "allocator": torch.cuda.get_allocator_backend(), "device": torch.cuda.get_device_name()}))
 
 
+def same_process(args):
+    """torch.cuda.make_graphed_callables and graphalloc's in one process (graphalloc installed, so PyTorch's
+    graphs draw from graphalloc's graph pools too), on two copies of the model, in alternating blocks of
+    steps: the ratio of their step times without the noise between processes (CPU placement, clocks), which
+    on a launch-bound model is larger than the difference measured."""
+    sys.path.insert(0, str(REPO / "python"))
+    import graphalloc.torch as gat
+    gat.install()
+    import torch
+    runs = {}
+    for variant in ("torch", "graphalloc"):
+        torch.manual_seed(0)
+        model, sample, loss_of = build(args.model, torch)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        graphed = (torch.cuda.make_graphed_callables if variant == "torch" else gat.make_graphed_callables)(model, sample)
+        runs[variant] = (graphed, sample, loss_of, opt)
+
+    def block(variant, steps):
+        graphed, sample, loss_of, opt = runs[variant]
+        times, host = [], []
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            h0 = time.perf_counter()
+            loss_of(graphed(*sample)).backward()
+            h1 = time.perf_counter()
+            opt.step()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+            host.append((h1 - h0) * 1e6)
+        return statistics.median(times), statistics.median(host)
+
+    for variant in runs:
+        block(variant, args.warmup)
+    rounds = []
+    for r in range(args.reps):
+        order = ("torch", "graphalloc") if r % 2 == 0 else ("graphalloc", "torch")
+        rounds.append({v: block(v, args.steps) for v in order})
+    ratios = sorted(x["graphalloc"][0] / x["torch"][0] for x in rounds)
+    host_delta = sorted(x["graphalloc"][1] - x["torch"][1] for x in rounds)
+    result = {"model": args.model, "mode": "same_process", "rounds": args.reps, "steps_per_round": args.steps,
+              "torch_step_ms": statistics.median(x["torch"][0] for x in rounds),
+              "graphalloc_step_ms": statistics.median(x["graphalloc"][0] for x in rounds),
+              "ratio_median": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+              "host_us_delta_median": statistics.median(host_delta),
+              "host_us_delta_min": host_delta[0], "host_us_delta_max": host_delta[-1],
+              "device": torch.cuda.get_device_name()}
+    print(json.dumps(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
 def driver(args):
     results = []
     variants = list(args.variants)
@@ -141,8 +195,14 @@ def main():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out")
+    p.add_argument("--same-process", action="store_true",
+                   help="torch.cuda's and graphalloc's make_graphed_callables in one process, alternating blocks "
+                        "of --steps steps for --reps rounds (--model): their step-time ratio per round")
     args = p.parse_args()
-    worker(args) if args.worker else driver(args)
+    if args.same_process:
+        same_process(args)
+    else:
+        worker(args) if args.worker else driver(args)
 
 
 if __name__ == "__main__":
