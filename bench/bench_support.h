@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc::bench {

@@ -65,7 +65,7 @@
 #include <vector>
 
 #include "bench/timed_driver.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/cuda_driver.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "bench/bench_support.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 
 namespace graphalloc {
 namespace {

@@ -88,7 +88,7 @@
 #include "bench/bench_support.h"
 #include "bench/timed_driver.h"
 #include "graphalloc/allocator/base/status_macros.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/forwarding_driver.h"
 
 namespace graphalloc {

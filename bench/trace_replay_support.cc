@@ -9,7 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/core/config.h"
 #include "graphalloc/allocator/trace/trace_replay.h"
 
 #ifndef GRAPHALLOC_BENCH_TRACE_DIR

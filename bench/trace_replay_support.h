@@ -62,7 +62,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "bench/timed_driver.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/driver.h"
 #include "graphalloc/allocator/trace/trace_reader.h"
 

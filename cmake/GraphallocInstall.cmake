@@ -13,14 +13,14 @@ install(TARGETS graphalloc graphalloc_static graphalloc_shared EXPORT graphalloc
 # stays in the source tree. GraphallocInstallHeaders.cmake follows the includes when installing.
 set(GRAPHALLOC_PUBLIC_HEADERS
   allocator/c_api/graphalloc.h
-  allocator/caching_allocator.h allocator/config.h allocator/stats/stats.h allocator/stats/stat_names.h
-  allocator/private_pool.h allocator/pool_handle.h allocator/pool_checkpoint.h allocator/pool_sleep.h
-  allocator/mapping_observer.h allocator/segment_source.h allocator/snapshot/memory_snapshot.h
+  allocator/core/caching_allocator.h allocator/core/config.h allocator/stats/stats.h allocator/stats/stat_names.h
+  allocator/core/private_pool.h allocator/core/pool_handle.h allocator/core/pool_checkpoint.h allocator/core/pool_sleep.h
+  allocator/core/mapping_observer.h allocator/core/segment_source.h allocator/snapshot/memory_snapshot.h
   allocator/snapshot/snapshot_json.h
-  allocator/history/history_ring.h allocator/default_allocator.h
+  allocator/history/history_ring.h allocator/core/default_allocator.h
   allocator/device/driver.h allocator/device/driver_error.h allocator/device/forwarding_driver.h
   allocator/device/sim_driver.h allocator/device/cuda_driver.h
-  graph/*.h graph/lifetime/*.h rng/*.h)
+  graph/*.h lifetime/*.h rng/*.h)
 # The CUDA launchers, plain C++ for nvcc: called by the random ops' sources only.
 set(GRAPHALLOC_PRIVATE_HEADERS rng/random_kernels_cuda.h)
 install(CODE "set(GRAPHALLOC_SOURCE_DIR \"${PROJECT_SOURCE_DIR}\")

@@ -60,7 +60,7 @@ endfunction()
 
 # After every layer is defined: each layer's include root, and the manifest the layering test reads. A
 # layer's headers are those under its folder that are not under the folder of another layer nested in it
-# (allocator/ is the core's folder and holds base/, device/, ..., c_api/). CONFIGURE_DEPENDS re-runs the
+# (no layer's folder holds another's today; the rule keeps a nesting honest). CONFIGURE_DEPENDS re-runs the
 # configuration when a header is added or removed, so that its link appears or goes.
 function(graphalloc_write_layer_manifest)
   get_property(lines GLOBAL PROPERTY GRAPHALLOC_LAYER_MANIFEST)

@@ -45,7 +45,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/graph/capture_participant.h"
 #include "graphalloc/graph/capture_session.h"
 #include "graphalloc/graph/recording_key.h"

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "graphalloc/allocator/private_pool.h"
+#include "graphalloc/allocator/core/private_pool.h"
 #include "graphalloc/graph/recording_key.h"
 #include "graphalloc/graph/site_executables.h"
 #include "graphalloc/graph/tree_output.h"

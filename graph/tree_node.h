@@ -18,7 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
-#include "graphalloc/allocator/pool_checkpoint.h"
+#include "graphalloc/allocator/core/pool_checkpoint.h"
 #include "graphalloc/graph/capture_participant.h"
 #include "graphalloc/graph/capture_session.h"
 #include "graphalloc/graph/recording_key.h"

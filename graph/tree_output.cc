@@ -1,7 +1,7 @@
 #include "graphalloc/graph/tree_output.h"
 
 #include "absl/strings/str_format.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 
 namespace graphalloc {
 

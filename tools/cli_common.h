@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/core/config.h"
 
 namespace graphalloc::tools {
 

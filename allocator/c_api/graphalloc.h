@@ -68,7 +68,8 @@ void graphalloc_torch_set_memory_fraction(double fraction, int device);
 /* Resets the peak values, or the accumulated counters, of the statistics of `device`. */
 int graphalloc_reset_peak_stats(int device);
 int graphalloc_reset_accumulated_stats(int device);
-/* ---- Private pools (allocator/private_pool.h): memory kept apart from the default cache, for CUDA graphs.
+/* ---- Private pools (allocator/core/private_pool.h): memory kept apart from the default cache, for CUDA
+ * graphs.
  *
  * A pool is named by its id on its device. The C ABI holds references ("users") on behalf of its callers:
  * graphalloc_pool_create returns the pool with one, graphalloc_pool_retain adds one and
@@ -137,7 +138,7 @@ int graphalloc_pool_empty_cache(int device, uint64_t pool);
 int graphalloc_pool_pin_for_graph(int device, uint64_t pool, uint64_t* pin);
 int graphalloc_pool_unpin(uint64_t pin);
 
-/* ---- Sleep and wake (allocator/pool_sleep.h): a sleeping pool's device memory goes back to the device
+/* ---- Sleep and wake (allocator/core/pool_sleep.h): a sleeping pool's device memory goes back to the device
  * while every allocation keeps its address; a wake maps fresh memory at the same addresses, so pointers
  * held and CUDA graphs captured before the sleep stay valid after it. backup != 0 copies the live
  * allocations to pinned host memory first and back at the wake; backup == 0 discards them. While a pool
@@ -164,11 +165,11 @@ int graphalloc_pool_wake(int device, uint64_t pool);
 int graphalloc_pool_sleep_state(int device, uint64_t pool, int* asleep, size_t* sleeping_bytes,
                                 size_t* backup_bytes);
 
-/* ---- Mapping observers and pins (allocator/mapping_observer.h): how a communication library (NCCL, RDMA)
- * learns when the allocator maps and unmaps device memory, so that it registers each mapping once. on_map is
- * called once per mapping after it is mapped and accessible, before any allocation in it is handed out;
- * on_unmap once, before it is unmapped (and on_map again if the driver then refuses). Callbacks run with no
- * allocator lock held, from whichever thread maps or unmaps; they must not call graphalloc functions that
+/* ---- Mapping observers and pins (allocator/core/mapping_observer.h): how a communication library (NCCL,
+ * RDMA) learns when the allocator maps and unmaps device memory, so that it registers each mapping once.
+ * on_map is called once per mapping after it is mapped and accessible, before any allocation in it is handed
+ * out; on_unmap once, before it is unmapped (and on_map again if the driver then refuses). Callbacks run with
+ * no allocator lock held, from whichever thread maps or unmaps; they must not call graphalloc functions that
  * allocate, free or release memory. A mapping is an expandable segment's chunk (expandable != 0, handle its
  * CUmemGenericAllocationHandle) or a regular segment (expandable 0, handle 0). ---- */
 

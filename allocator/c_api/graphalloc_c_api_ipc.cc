@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/c_api/c_api_internal.h"
 #include "graphalloc/allocator/c_api/graphalloc.h"
-#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/core/default_allocator.h"
 #include "graphalloc/allocator/ipc/block_exporter.h"
 #include "graphalloc/allocator/ipc/block_importer.h"
 

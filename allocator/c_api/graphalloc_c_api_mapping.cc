@@ -11,8 +11,8 @@
 #include "absl/synchronization/mutex.h"
 #include "graphalloc/allocator/c_api/c_api_internal.h"
 #include "graphalloc/allocator/c_api/graphalloc.h"
-#include "graphalloc/allocator/default_allocator.h"
-#include "graphalloc/allocator/mapping_observer.h"
+#include "graphalloc/allocator/core/default_allocator.h"
+#include "graphalloc/allocator/core/mapping_observer.h"
 
 namespace graphalloc::c_api {
 namespace {

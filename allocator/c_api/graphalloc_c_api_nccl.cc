@@ -11,7 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "graphalloc/allocator/c_api/c_api_internal.h"
 #include "graphalloc/allocator/c_api/graphalloc.h"
-#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/core/default_allocator.h"
 #include "graphalloc/allocator/registration/nccl_registration.h"
 
 namespace graphalloc::c_api {

@@ -15,8 +15,8 @@
 #include "absl/container/btree_map.h"
 #include "absl/status/status.h"
 #include "graphalloc/allocator/base/mutex.h"
+#include "graphalloc/allocator/core/mapping_observer.h"
 #include "graphalloc/allocator/device/driver.h"
-#include "graphalloc/allocator/mapping_observer.h"
 #include "graphalloc/allocator/registration/observer_errors.h"
 
 namespace graphalloc {

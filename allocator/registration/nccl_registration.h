@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/base/mutex.h"
-#include "graphalloc/allocator/mapping_observer.h"
+#include "graphalloc/allocator/core/mapping_observer.h"
 #include "graphalloc/allocator/registration/nccl_library.h"
 #include "graphalloc/allocator/registration/observer_errors.h"
 

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "graphalloc/allocator/caching_allocator.h"
-#include "graphalloc/graph/lifetime/graphed_step.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/lifetime/graphed_step.h"
 
 namespace graphalloc::mlp {
 

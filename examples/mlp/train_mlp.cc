@@ -11,7 +11,7 @@
 #include <string>
 
 #include "examples/mlp/mlp.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/cuda_driver.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 

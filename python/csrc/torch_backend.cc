@@ -14,8 +14,8 @@
 #include <memory>
 #include <sstream>
 
-#include "graphalloc/allocator/address_owners.h"
-#include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/core/address_owners.h"
+#include "graphalloc/allocator/core/size_policy.h"
 #include "python/csrc/torch_snapshot.h"
 #include "python/csrc/torch_stats.h"
 

@@ -1,6 +1,6 @@
 // graphalloc as PyTorch's CUDA allocator: a complete c10::cuda::CUDACachingAllocator::CUDAAllocator whose
-// every method is served by graphalloc's process-wide allocators (allocator/default_allocator.h), the same
-// ones graphalloc's C ABI and Python package report on.
+// every method is served by graphalloc's process-wide allocators (allocator/core/default_allocator.h), the
+// same ones graphalloc's C ABI and Python package report on.
 //
 // What PyTorch sees: tensors' DataPtrs free into graphalloc; memory_stats(), empty_cache(), memory
 // fractions, record_stream, cudnn's cacheInfo are graphalloc's; CUDA graph and MemPool pools are graphalloc
@@ -27,8 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
-#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/default_allocator.h"
 #include "python/csrc/torch_history.h"
 #include "python/csrc/torch_ipc.h"
 #include "python/csrc/torch_pools.h"

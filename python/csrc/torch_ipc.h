@@ -23,8 +23,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "graphalloc/allocator/caching_allocator.h"
-#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/default_allocator.h"
 #include "graphalloc/allocator/ipc/block_exporter.h"
 
 namespace graphalloc_torch {

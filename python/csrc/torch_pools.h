@@ -24,8 +24,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
-#include "graphalloc/allocator/pool_checkpoint.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/pool_checkpoint.h"
 
 namespace graphalloc_torch {
 

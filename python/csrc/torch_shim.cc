@@ -23,7 +23,7 @@
 #include <utility>
 
 #include "graphalloc/allocator/c_api/graphalloc.h"
-#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/core/default_allocator.h"
 #include "python/csrc/torch_hook_types.h"
 #include "python/csrc/torch_pools.h"
 

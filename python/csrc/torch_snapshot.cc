@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/core/config.h"
 
 namespace graphalloc_torch {
 namespace {

@@ -451,7 +451,7 @@ class allocate_to_pool:  # noqa: N801 - used as a context manager, like torch.cu
             _check("graphalloc_end_route", _pool_function("graphalloc_end_route")(route))
 
 
-# ---- sleep and wake (allocator/c_api/graphalloc.h, allocator/pool_sleep.h) ----
+# ---- sleep and wake (allocator/c_api/graphalloc.h, allocator/core/pool_sleep.h) ----
 
 def _sleep_function(name: str):
     return _exported(name, "sleep and wake")

@@ -6,7 +6,7 @@
     step = gat.graphed(train_step)                  # a whole step: forward, loss, backward (and optimizer)
 
 Recording, replay, re-recording, output liveness, micro-batch lanes, gradient ownership and deferred
-releases are graphalloc's C++ graph layers (graph/graph_tree.h, graph/lifetime/graphed_step.h), reached
+releases are graphalloc's C++ graph layers (graph/graph_tree.h, lifetime/graphed_step.h), reached
 through the module graphalloc._torch_graphs (python/csrc/graphs). This file adapts PyTorch to them:
 flattening arguments, running the callables with autograd, and wrapping each graphed stage in a
 torch.autograd.Function. The rules, and the PyTorch behaviour each replaces, are in docs/torch_graphs.md:

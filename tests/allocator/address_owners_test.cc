@@ -2,13 +2,13 @@
 // segments' address ranges while they exist, so that the PyTorch backend frees a pointer on its own device
 // only (it used to call Free on every device's allocator and match the error text "unknown pointer", locking
 // every shard of each wrong one). A granule two devices share is answered exactly too.
-#include "graphalloc/allocator/address_owners.h"
+#include "graphalloc/allocator/core/address_owners.h"
 
 #include <memory>
 #include <vector>
 
 #include "gmock/gmock.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 

@@ -2,7 +2,7 @@
 #include <algorithm>
 
 #include "gmock/gmock.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
 #include "graphalloc/allocator/snapshot/torch_snapshot.h"
 #include "gtest/gtest.h"

@@ -1,9 +1,9 @@
 // The caching allocator's rules, on the simulated device and (label `gpu`) on the real one: exact sizes,
 // addresses, statistics and error messages, with the invariant checker after every step.
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 
 #include "gmock/gmock.h"
-#include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/core/size_policy.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/device_memory.h"

@@ -1,4 +1,4 @@
-#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/core/config.h"
 
 #include <cstdlib>
 #include <string>

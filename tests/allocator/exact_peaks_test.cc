@@ -1,7 +1,7 @@
 // Peaks of the block statistics are exact device-wide: the highest value the device's sum reached, not the
 // sum of each stream's (or pool's) own peak. Each stream shard counts its own blocks; the PeakLedger folds
-// them (allocator/peak_ledger.h). A randomized run over several streams and a private pool compares every
-// peak with the one the test tracks itself, after every step.
+// them (allocator/core/peak_ledger.h). A randomized run over several streams and a private pool compares
+// every peak with the one the test tracks itself, after every step.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/test_scale.h"

@@ -3,7 +3,7 @@
 // chunks, pages freed from the middle of a segment under a limit, and every VMM failure during a grow or a
 // shrink (simulated device only) leaving the allocator consistent and the device with nothing leaked.
 #include "gmock/gmock.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/private_pool.h"
 #include "graphalloc/allocator/device/sim_driver.h"
-#include "graphalloc/allocator/private_pool.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/status_macros.h"

@@ -1,7 +1,7 @@
 // The free-block index against a reference ordered set: best-fit lookups, iteration, erasing at an iterator,
 // the largest size and the bin arrays' switch to a tree and back, on random operations and on hand-picked
 // edge cases.
-#include "graphalloc/allocator/free_block_index.h"
+#include "graphalloc/allocator/core/free_block_index.h"
 
 #include <algorithm>
 #include <cstdint>

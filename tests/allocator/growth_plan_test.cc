@@ -1,13 +1,13 @@
 // Growth planning on hand-made expandable segments: which range a request takes, how much of the last
 // hole it maps (rounded to the granularity), where the pages come from (cached handles, idle chunks that
 // move, new handles) and the chunk-size policy.
-#include "graphalloc/allocator/growth_plan.h"
+#include "graphalloc/allocator/core/growth_plan.h"
 
 #include <memory>
 #include <vector>
 
 #include "graphalloc/allocator/base/bytes.h"
-#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/core/config.h"
 #include "graphalloc/allocator/history/history_ring.h"
 #include "gtest/gtest.h"
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"

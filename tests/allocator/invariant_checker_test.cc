@@ -2,7 +2,7 @@
 // (a broken chain link, a free block missing from the index, a pointer-map entry of a free block that is not
 // parked, block or segment statistics that disagree with the blocks, a pool's reserved bytes, a
 // handle-aligned segment's block across two chunks) is reported in its own words.
-#include "graphalloc/allocator/invariant_checker.h"
+#include "graphalloc/allocator/core/invariant_checker.h"
 
 #include <memory>
 #include <string>

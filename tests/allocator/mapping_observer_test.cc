@@ -3,7 +3,7 @@
 // moving idle chunks, EmptyCache, the release before out-of-memory, sleep and wake and pool destruction,
 // checked against the device's own counts (SimCounters, call counts); pinned chunks and communication
 // pools stay mapped through every release path until unpinned or destroyed; observer misuse is contained.
-#include "graphalloc/allocator/mapping_observer.h"
+#include "graphalloc/allocator/core/mapping_observer.h"
 
 #include <cstdint>
 #include <map>
@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/private_pool.h"
 #include "graphalloc/allocator/device/sim_driver.h"
-#include "graphalloc/allocator/private_pool.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_macros.h"
 

@@ -1,6 +1,6 @@
 // The memory budget's decisions on plain numbers: the cap from a fraction or a limit, segments and growths
 // in flight counted against it, and the garbage-collection target.
-#include "graphalloc/allocator/memory_budget.h"
+#include "graphalloc/allocator/core/memory_budget.h"
 
 #include "gtest/gtest.h"
 

@@ -6,7 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "graphalloc/allocator/c_api/graphalloc.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/snapshot/oom_report.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
 #include "gtest/gtest.h"

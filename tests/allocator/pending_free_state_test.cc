@@ -7,7 +7,7 @@
 #include <functional>
 
 #include "gmock/gmock.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/forwarding_driver.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"

@@ -1,7 +1,7 @@
 // The pointer map against a reference map, on random inserts, lookups and erases, for the normal encoding
 // and for the paths that the allocator reaches only with millions of blocks (tables past the tag bits) or
 // with block pointers above 2^48 (the side map): smaller pointer widths reach them with few blocks.
-#include "graphalloc/allocator/pointer_map.h"
+#include "graphalloc/allocator/core/pointer_map.h"
 
 #include <cstdint>
 #include <deque>

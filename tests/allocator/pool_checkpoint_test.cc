@@ -10,8 +10,8 @@
 #include <set>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
-#include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/size_policy.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"

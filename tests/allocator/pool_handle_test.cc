@@ -1,7 +1,7 @@
 // PoolHandle gives its target back exactly once, whichever way the handle ends: reset, reassigned,
 // destroyed, or moved from (then the destination does it). The allocator is never touched by the handle
 // itself, so a stand-in address serves here.
-#include "graphalloc/allocator/pool_handle.h"
+#include "graphalloc/allocator/core/pool_handle.h"
 
 #include <utility>
 #include <vector>

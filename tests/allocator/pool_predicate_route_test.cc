@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/status_macros.h"

@@ -1,6 +1,6 @@
 // The pool registry on its own: ids in creation order, users and pins, the moment a pool is orphaned,
 // which pools the release paths may touch, and its NotFound messages.
-#include "graphalloc/allocator/pool_registry.h"
+#include "graphalloc/allocator/core/pool_registry.h"
 
 #include <vector>
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
-#include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/size_policy.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/status_macros.h"

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
@@ -76,7 +76,8 @@ TEST_F(PrivatePoolTest, PoolOfAllocationNamesTheLiveAllocationsPoolAndNothingEls
   EXPECT_EQ(owner, pool.id());
   ASSERT_OK_AND_ASSIGN(const PoolId default_owner, allocator_->PoolOfAllocation(outside));
   EXPECT_EQ(default_owner, kDefaultPool);
-  EXPECT_TRUE(absl::IsNotFound(allocator_->PoolOfAllocation(in_pool + 512).status())) << "not a block's start";
+  EXPECT_TRUE(absl::IsNotFound(allocator_->PoolOfAllocation(in_pool + 512).status()))
+      << "not a block's start";
   EXPECT_TRUE(absl::IsNotFound(allocator_->PoolOfAllocation(0).status()));
   ASSERT_OK(allocator_->Free(in_pool));
   EXPECT_TRUE(absl::IsNotFound(allocator_->PoolOfAllocation(in_pool).status())) << "freed";

@@ -1,7 +1,7 @@
 // The route table and the capture tracker on their own: which pool an allocation is routed to (innermost
 // matching route, by stream, thread, capture or predicate), what closing a route reports, that a predicate
 // is never called after its route closed, and frees deferred while a capture is underway.
-#include "graphalloc/allocator/route_table.h"
+#include "graphalloc/allocator/core/route_table.h"
 
 #include <atomic>
 #include <memory>

@@ -1,12 +1,12 @@
 // The segment ledger on hand-made segments: lookups by base and by address, the statistics a regular
 // segment and an expandable segment's chunks move, and the reserved bytes of the pool that owns them.
-#include "graphalloc/allocator/segment_ledger.h"
+#include "graphalloc/allocator/core/segment_ledger.h"
 
 #include <memory>
 
 #include "graphalloc/allocator/base/bytes.h"
-#include "graphalloc/allocator/block_pool.h"
-#include "graphalloc/allocator/stream_shard.h"
+#include "graphalloc/allocator/core/block_pool.h"
+#include "graphalloc/allocator/core/stream_shard.h"
 #include "gtest/gtest.h"
 
 namespace graphalloc {

@@ -1,4 +1,4 @@
-#include "graphalloc/allocator/size_policy.h"
+#include "graphalloc/allocator/core/size_policy.h"
 
 #include "gtest/gtest.h"
 

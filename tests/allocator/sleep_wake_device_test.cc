@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
-#include "graphalloc/allocator/private_pool.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/private_pool.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/device_memory.h"

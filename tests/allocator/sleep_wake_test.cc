@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/private_pool.h"
+#include "graphalloc/allocator/core/size_policy.h"
 #include "graphalloc/allocator/device/sim_driver.h"
-#include "graphalloc/allocator/private_pool.h"
-#include "graphalloc/allocator/size_policy.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "graphalloc/allocator/snapshot/snapshot_json.h"
 #include "gtest/gtest.h"

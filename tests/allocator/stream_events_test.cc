@@ -2,7 +2,7 @@
 // the Free() has completed.
 #include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "gtest/gtest.h"
 #include "tests/testing/allocator_fixture.h"
 #include "tests/testing/stream_gate.h"

@@ -1,5 +1,5 @@
 // Allocates and frees through an installed graphalloc on the simulated device; exits 0 on success.
-#include <graphalloc/allocator/caching_allocator.h>
+#include <graphalloc/allocator/core/caching_allocator.h>
 #include <graphalloc/allocator/device/sim_driver.h>
 #include <graphalloc/graphalloc.h>
 

@@ -8,7 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
-#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/core/config.h"
 
 namespace {
 

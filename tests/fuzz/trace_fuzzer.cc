@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "absl/strings/string_view.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "graphalloc/allocator/trace/trace_reader.h"
 #include "graphalloc/allocator/trace/trace_replay.h"

@@ -6,7 +6,7 @@
 // Each stage s is y = 2 * x + w_s over n floats; its backward gives {gx = 2 * gy, gw = gy}.
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
-#include "graphalloc/graph/lifetime/graphed_step.h"
+#include "graphalloc/lifetime/graphed_step.h"
 #include "tests/graph/graph_test_util.h"
 
 namespace graphalloc::testing {

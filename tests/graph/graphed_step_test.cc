@@ -8,7 +8,7 @@
 //                                                      when recomputing)
 //   backward: gy = 2 * (y * gr),  gz = dropout'(gy),   slots {gx = gz * w, gw = gz * x}
 // A recomputing backward computes y again from the copy of x with the backward generator.
-#include "graphalloc/graph/lifetime/graphed_step.h"
+#include "graphalloc/lifetime/graphed_step.h"
 
 #include <iostream>
 #include <stdexcept>

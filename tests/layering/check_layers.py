@@ -21,7 +21,7 @@ from pathlib import Path
 INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<([^>]+)>)')
 SOURCE_SUFFIXES = {".h", ".cc", ".cu", ".cuh", ".inc"}
 OUTSIDE_LIBRARY = ("tests/", "tools/", "bench/", "examples/", "python/")
-PROJECT_FOLDERS = ("allocator/", "graph/", "rng/") + OUTSIDE_LIBRARY
+PROJECT_FOLDERS = ("allocator/", "graph/", "rng/", "lifetime/") + OUTSIDE_LIBRARY
 
 
 def read_manifest(path):

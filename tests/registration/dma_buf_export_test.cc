@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_macros.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/registration/nccl_library.h"
 #include "graphalloc/allocator/registration/nccl_registration.h"
 #include "gtest/gtest.h"

@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "gtest/gtest.h"

@@ -9,10 +9,10 @@
 #include <ostream>
 #include <string>
 
+#include "graphalloc/allocator/core/private_pool.h"
 #include "graphalloc/allocator/device/driver.h"
 #include "graphalloc/allocator/device/driver_error.h"
 #include "graphalloc/allocator/device/sim_driver.h"
-#include "graphalloc/allocator/private_pool.h"
 
 namespace graphalloc::testing {
 

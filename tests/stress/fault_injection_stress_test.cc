@@ -54,10 +54,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/pool_checkpoint.h"
+#include "graphalloc/allocator/core/private_pool.h"
 #include "graphalloc/allocator/device/sim_driver.h"
-#include "graphalloc/allocator/pool_checkpoint.h"
-#include "graphalloc/allocator/private_pool.h"
 #include "graphalloc/allocator/snapshot/memory_snapshot.h"
 #include "gtest/gtest.h"
 #include "tests/stress/fault_injection_model.h"

@@ -5,7 +5,7 @@
 
 #include <cstddef>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "graphalloc/allocator/stats/stats.h"
 #include "gtest/gtest.h"

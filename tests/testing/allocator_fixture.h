@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "gtest/gtest.h"
 #include "tests/testing/test_device.h"
 

@@ -3,7 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/core/default_allocator.h"
 #include "graphalloc/allocator/device/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_macros.h"

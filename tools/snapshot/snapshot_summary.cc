@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "graphalloc/allocator/config.h"
+#include "graphalloc/allocator/core/config.h"
 #include "tools/snapshot/snapshot_views.h"
 
 namespace graphalloc::tools {

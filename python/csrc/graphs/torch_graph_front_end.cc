@@ -9,7 +9,7 @@
 
 #include <stdexcept>
 
-#include "graphalloc/allocator/default_allocator.h"
+#include "graphalloc/allocator/core/default_allocator.h"
 
 namespace graphalloc_torch {
 

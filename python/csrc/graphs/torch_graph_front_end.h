@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "graphalloc/allocator/caching_allocator.h"
+#include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/graph/capture_participant.h"
 #include "graphalloc/graph/graph_tree.h"
 #include "python/csrc/graphs/torch_generator_participant.h"

@@ -1,5 +1,5 @@
 // graphalloc.torch.make_graphed_callables: PyTorch callables (modules, functions) whose forward and
-// backward are recorded and replayed by a staged GraphedStep (graph/lifetime/graphed_step.h): one stage
+// backward are recorded and replayed by a staged GraphedStep (lifetime/graphed_step.h): one stage
 // per callable, all recorded in one tree (one pool) per lane, micro-batches on lanes, gradients owned by
 // default, retained backwards, releases deferred while one may run.
 //
@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "graphalloc/graph/lifetime/graphed_step.h"
+#include "graphalloc/lifetime/graphed_step.h"
 #include "python/csrc/graphs/torch_graph_front_end.h"
 #include "python/csrc/graphs/torch_output_plan.h"
 
