@@ -78,6 +78,24 @@ class OwnedGradientsTest(unittest.TestCase):
         # The replays' .grad is the graph's buffer (as PyTorch's): no copy when the previous one was let go.
         self.assertEqual(ptrs[2], ptrs[3])
 
+    @unittest.skipUnless(ours, "graphalloc's front ends are listed by graph_memory()")
+    def test_a_held_gradient_outlives_the_graphed_callables(self):
+        model = linear(bias=False)
+        x = torch.randn(2, 8, device="cuda")
+        gc.collect()
+        fronts = len(gat.graph_memory())
+        make_graphed(model, (x,), allow_unused_input=True)
+        self.assertEqual(len(gat.graph_memory()), fronts + 1)
+        for _ in range(3):  # recorded, then replayed: .grad is the graph's buffer
+            model.zero_grad(set_to_none=True)
+            model(x).sum().backward()
+        expected = model.weight.grad.clone()
+        del model.forward  # the module's own forward again: nothing refers to the graphs any more
+        gc.collect()
+        self.assertEqual(len(gat.graph_memory()), fronts, "the graphed callables are still alive")
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(model.weight.grad, expected), "the held gradient did not keep its values")
+
     @unittest.skipUnless(ours, "graphalloc's opt-out")
     def test_the_clone_opt_out_is_per_parameter_and_fixed_when_graphed(self):
         model = linear()

@@ -80,7 +80,7 @@ TorchGraphedCallables::TorchGraphedCallables(std::vector<GraphedStage> stages,
 
 TorchGraphedCallables::~TorchGraphedCallables() {
   // Owned gradients the caller still holds outlive the graphs (the others are poisoned with them).
-  (void)CopyOutHeldGradients();
+  (void)CopyOutHeldGradients(/*all=*/true);
   forwards_.clear();
   py::gil_scoped_release release;  // the trees wait for the device
   step_.reset();
@@ -95,9 +95,9 @@ void TorchGraphedCallables::ProcessReleases() {
   for (std::uint64_t id : ids) Discard(id);
 }
 
-absl::Status TorchGraphedCallables::CopyOutHeldGradients() {
+absl::Status TorchGraphedCallables::CopyOutHeldGradients(bool all) {
   try {
-    handed_out_.CopyOutOverwritten(device());
+    handed_out_.CopyOutOverwritten(device(), all);
     return absl::OkStatus();
   } catch (const std::exception& e) {
     copy_out_error_ = std::current_exception();

@@ -159,13 +159,13 @@ void HandedOut::CopyOutOnOverwrite(const at::Tensor& t) {
   }
 }
 
-void HandedOut::CopyOutOverwritten(c10::DeviceIndex device) {
-  std::erase_if(entries_, [device](Entry& e) {
+void HandedOut::CopyOutOverwritten(c10::DeviceIndex device, bool all) {
+  std::erase_if(entries_, [device, all](Entry& e) {
     if (!e.copy_out) return false;
     c10::intrusive_ptr<c10::StorageImpl> storage = e.storage.lock();
     if (!storage) return true;
     const std::shared_ptr<graphalloc::OutputState> out = e.output.lock();
-    if (out == nullptr || out->Current()) return false;  // (gone: poisoned by PoisonOverwritten)
+    if (out == nullptr || (out->Current() && !all)) return false;  // (gone: poisoned by PoisonOverwritten)
     const auto bytes = static_cast<int64_t>(std::min(storage->nbytes(), out->buffer.bytes));
     at::Tensor copy = at::empty({static_cast<int64_t>(storage->nbytes())},
                                 at::TensorOptions().dtype(at::kByte).device(c10::kCUDA, device));
