@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "graphalloc/allocator/trace/trace_reader.h"
@@ -108,7 +109,7 @@ Outcome Finish(Fixture& f, Digest& addresses) {
 }
 
 Outcome ReplayTraceDecisions(const std::string& name, const std::string& conf) {
-  absl::StatusOr<Trace> trace = ReadTrace(std::string(GRAPHALLOC_TRACES_DIR) + "/" + name);
+  absl::StatusOr<Trace> trace = ReadTrace(absl::StrCat(GRAPHALLOC_TRACES_DIR, "/", name));
   EXPECT_TRUE(trace.ok()) << trace.status();
   Fixture f = Make(conf);
   absl::flat_hash_map<std::uint64_t, Stream> streams;

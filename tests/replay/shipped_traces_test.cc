@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "graphalloc/allocator/trace/trace_reader.h"
@@ -51,7 +52,7 @@ absl::StatusOr<ReplayResult> ReplayOnFreshSim(const Trace& trace, const ReplayOp
 
 TEST_P(ShippedTraceTest, CompletesWithTheSameNumbersTwice) {
   const ShippedTrace& want = GetParam();
-  absl::StatusOr<Trace> trace = ReadTrace(std::string(GRAPHALLOC_TRACES_DIR) + "/" + want.name);
+  absl::StatusOr<Trace> trace = ReadTrace(absl::StrCat(GRAPHALLOC_TRACES_DIR, "/", want.name));
   ASSERT_TRUE(trace.ok()) << trace.status();
   // Under the sanitizers (GRAPHALLOC_TEST_SCALE below 1) the invariants, which dominate the run time, are
   // checked that much less often; the replays themselves stay whole.

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/trace/trace_reader.h"
 #include "graphalloc/allocator/trace/trace_replay.h"
@@ -36,7 +37,7 @@ class TraceSoakTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TraceSoakTest, TwentyReplaysLeaveNothingBehind) {
   GRAPHALLOC_REQUIRE_DEVICE(driver);
-  absl::StatusOr<Trace> trace = ReadTrace(std::string(GRAPHALLOC_TRACES_DIR) + "/" + GetParam());
+  absl::StatusOr<Trace> trace = ReadTrace(absl::StrCat(GRAPHALLOC_TRACES_DIR, "/", GetParam()));
   ASSERT_TRUE(trace.ok()) << trace.status();
   absl::StatusOr<std::unique_ptr<CachingAllocator>> created = CachingAllocator::Create(driver);
   ASSERT_TRUE(created.ok()) << created.status();
