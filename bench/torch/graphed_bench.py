@@ -46,6 +46,24 @@ def build(model_name, torch):
     return model, (idx, targets), lambda out: out
 
 
+def timed_steps(torch, opt, fwd_bwd, steps):
+    """`steps` training steps (zero_grad, fwd_bwd(), opt.step(), synchronized): their medians, the step time in
+    ms and the host time of fwd_bwd() in us."""
+    times, host = [], []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        h0 = time.perf_counter()
+        fwd_bwd()
+        h1 = time.perf_counter()
+        opt.step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+        host.append((h1 - h0) * 1e6)
+    return statistics.median(times), statistics.median(host)
+
+
 def worker(args):
     if args.variant.startswith("graphalloc"):
         sys.path.insert(0, str(REPO / "python"))
@@ -71,22 +89,10 @@ def worker(args):
     if args.variant == "graphalloc_step":
         import graphalloc.torch as gat
         fwd_bwd = gat.graphed(fwd_bwd, modules=[model])
-    host, steps = [], []
-    for i in range(args.warmup + args.steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        h0 = time.perf_counter()
-        fwd_bwd(*sample)
-        h1 = time.perf_counter()
-        opt.step()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        if i >= args.warmup:
-            steps.append((t1 - t0) * 1e3)
-            host.append((h1 - h0) * 1e6)
-    print(json.dumps({"model": args.model, "variant": args.variant, "step_ms": statistics.median(steps),
-                      "host_us": statistics.median(host), "peak_reserved": torch.cuda.max_memory_reserved(),
+    timed_steps(torch, opt, lambda: fwd_bwd(*sample), args.warmup)
+    step_ms, host_us = timed_steps(torch, opt, lambda: fwd_bwd(*sample), args.steps)
+    print(json.dumps({"model": args.model, "variant": args.variant, "step_ms": step_ms,
+                      "host_us": host_us, "peak_reserved": torch.cuda.max_memory_reserved(),
                       "allocator": torch.cuda.get_allocator_backend(), "device": torch.cuda.get_device_name()}))
 
 
@@ -109,19 +115,7 @@ def same_process(args):
 
     def block(variant, steps):
         graphed, sample, loss_of, opt = runs[variant]
-        times, host = [], []
-        for _ in range(steps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            h0 = time.perf_counter()
-            loss_of(graphed(*sample)).backward()
-            h1 = time.perf_counter()
-            opt.step()
-            torch.cuda.synchronize()
-            times.append((time.perf_counter() - t0) * 1e3)
-            host.append((h1 - h0) * 1e6)
-        return statistics.median(times), statistics.median(host)
+        return timed_steps(torch, opt, lambda: loss_of(graphed(*sample)).backward(), steps)
 
     for variant in runs:
         block(variant, args.warmup)

@@ -481,7 +481,7 @@ class _StageFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        grad_inputs = ctx.stage.front.run_backward(ctx.stage, ctx.forward_id, grads)
+        grad_inputs = ctx.stage.front.run_backward(ctx.forward_id, grads)
         return (None,) + tuple(grad_inputs)
 
 
@@ -499,18 +499,16 @@ class _GraphedCallables:
         self.last_structure: Any = None  # of the last forward: (output spec, non-tensor outputs, tensor slots)
         self.stages: List[_Stage] = []
         specs = []
-        for index, (callable_, sample_leaves, sample_spec, params, buffers, training, alias) in enumerate(stages_args):
+        for index, (callable_, sample_leaves, sample_spec, params, buffers, training, owned) in enumerate(stages_args):
             stage = _Stage(self, index, callable_, sample_leaves, sample_spec, params, buffers, training)
             self.stages.append(stage)
-            # Every slot aliases the backward graph's buffer in the step. An owned parameter gradient is
+            # Every gradient is handed out over the backward graph's buffer. An owned parameter gradient is
             # copied out only if the caller still holds it (as .grad, or in a hook) when its lane is about to
             # be replayed again; after zero_grad(set_to_none=True), or once AccumulateGrad added it into an
             # existing .grad, nothing is copied.
-            owned = [not a for a in alias]
             specs.append({"name": stage.name, "num_inputs": stage.num_inputs,
                           "num_params": len(params) + len(buffers), "forward": stage.forward_body,
                           "backward": stage.backward_body,
-                          "alias_slots": [True] * (stage.num_inputs + len(params) + len(buffers)),
                           "owned_slots": [False] * stage.num_inputs + owned + [False] * len(buffers)})
         self.native = _native().GraphedCallables(specs, name, device, max_outstanding, max_recordings, warmup_calls,
                                                  generators)
@@ -550,7 +548,7 @@ class _GraphedCallables:
         self.last_structure = structure
         return outputs, forward_id, sentinel
 
-    def run_backward(self, stage: _Stage, forward_id: int, grads):
+    def run_backward(self, forward_id: int, grads):
         try:
             return self.native.backward(forward_id, list(grads))
         except torch.cuda.OutOfMemoryError as error:
@@ -668,15 +666,9 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters: int = 3, al
             raise AssertionError("In the beta API, sample_args for each callable must contain only Tensors. "
                                  "Other types are not allowed.")
         all_tensors += tensors + list(params)
-        alias = []
-        for p in params:
-            if getattr(p, "skip_backward_post_hook", False):
-                alias.append(True)
-            elif callable(clone_policy):
-                alias.append(not bool(clone_policy(p)))
-            else:
-                alias.append(not bool(clone_policy))
-        stages_args.append((c, leaves, spec, params, buffers, training, alias))
+        owned = [not getattr(p, "skip_backward_post_hook", False)
+                 and bool(clone_policy(p) if callable(clone_policy) else clone_policy) for p in params]
+        stages_args.append((c, leaves, spec, params, buffers, training, owned))
 
     device = _device_of(all_tensors)
     generators = _cuda_generators(generators)

@@ -139,8 +139,7 @@ PYBIND11_MODULE(_torch_graphs, m) {
                stage.num_params = d["num_params"].cast<std::size_t>();
                stage.forward = d["forward"].cast<py::function>();
                stage.backward = d["backward"].cast<py::function>();
-               stage.alias_slots = d["alias_slots"].cast<std::vector<bool>>();
-               if (d.contains("owned_slots")) stage.owned_slots = d["owned_slots"].cast<std::vector<bool>>();
+               stage.owned_slots = d["owned_slots"].cast<std::vector<bool>>();
                specs.push_back(std::move(stage));
              }
              GraphedCallablesOptions options;

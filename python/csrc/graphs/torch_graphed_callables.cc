@@ -72,8 +72,9 @@ TorchGraphedCallables::TorchGraphedCallables(std::vector<GraphedStage> stages,
   if (!made.ok()) throw std::runtime_error("graphalloc: " + made.status().ToString());
   step_ = std::move(*made);
   for (std::size_t s = 0; s < stages_.size(); ++s) {
-    for (std::size_t slot = 0; slot < stages_[s].alias_slots.size(); ++slot) {
-      if (stages_[s].alias_slots[slot]) (void)step_->SetAliasGradient(s, slot, true);
+    // The step hands every gradient out over its buffer; owned_slots decides what is copied out, and when.
+    for (std::size_t slot = 0; slot < stages_[s].num_inputs + stages_[s].num_params; ++slot) {
+      (void)step_->SetAliasGradient(s, slot, true);
     }
   }
 }

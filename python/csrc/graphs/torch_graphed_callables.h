@@ -42,12 +42,10 @@ struct GraphedStage {
   std::size_t num_params = 0;  // its parameters and buffers (static)
   pybind11::function forward;
   pybind11::function backward;
-  // Gradient slots (one per input, then one per parameter) that alias the backward graph's buffer
-  // instead of being cloned; fixed when the stage is first captured.
-  std::vector<bool> alias_slots;
-  // Gradient slots the caller owns (parameter gradients not opted out): handed out over the graph's buffer
-  // like the others, then copied to memory of their own only if the caller still holds them when their lane
-  // is about to be reused (HandedOut::CopyOutOverwritten). Empty: none.
+  // Gradient slots (one per input, then one per parameter) the caller owns (parameter gradients not opted
+  // out). Every slot is handed out over the backward graph's buffer; an owned one is copied to memory of its
+  // own only if the caller still holds it when its lane is about to be reused
+  // (HandedOut::CopyOutOverwritten). Empty: none.
   std::vector<bool> owned_slots;
 };
 
