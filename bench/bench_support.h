@@ -144,7 +144,7 @@ void ChurnLoop(benchmark::State& state, ChurnLive& live, AllocFn&& alloc, FreeFn
     }
     live.live_bytes -= block.size;
     const std::size_t size = live.random.NextSize();
-    const std::uintptr_t p = alloc(size);
+    std::uintptr_t p = alloc(size);  // not const: DoNotOptimize(const T&) is deprecated
     if (p == 0) [[unlikely]] {
       block = {0, 0};  // already freed
       state.SkipWithError(("churn allocate failed: " + error()).c_str());

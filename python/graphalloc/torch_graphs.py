@@ -125,6 +125,22 @@ def _add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
 
 
+def _weak_body(method: Callable) -> Callable:
+    """`method` (a bound method of a front end), callable by the native front end without keeping its object
+    alive. The native object is invisible to Python's cycle collector: a strong reference from it back to
+    the Python object that owns it would be a cycle nothing collects, and the front end, its graphs and its
+    pool would live as long as the process."""
+    ref = weakref.WeakMethod(method)
+
+    def body(*args):
+        bound = ref()
+        if bound is None:
+            raise RuntimeError(f"graphalloc: '{method.__qualname__}' ran after its front end was deleted")
+        return bound(*args)
+
+    return body
+
+
 def _memory_note(front, lane_dumps) -> str:
     held = sum(d.get("pool_reserved_bytes", 0) for d in lane_dumps)
     used = sum(d.get("pool_allocated_bytes", 0) for d in lane_dumps)
@@ -248,8 +264,8 @@ class GraphedFunction:
         if self._native is None:
             device = self._device if self._device is not None else _device_of(
                 [leaves[i] for i in tensor_positions] + list(params))
-            self._native = _native().GraphedFunction(self._body, self._name, device, self._max_recordings,
-                                                     self._warmup_calls, self._generators)
+            self._native = _native().GraphedFunction(_weak_body(self._body), self._name, device,
+                                                     self._max_recordings, self._warmup_calls, self._generators)
             self._natives[len(statics)] = self._native
             self._structures_by_native[len(statics)] = {}
             _front_ends.add(self)
@@ -507,8 +523,8 @@ class _GraphedCallables:
             # be replayed again; after zero_grad(set_to_none=True), or once AccumulateGrad added it into an
             # existing .grad, nothing is copied.
             specs.append({"name": stage.name, "num_inputs": stage.num_inputs,
-                          "num_params": len(params) + len(buffers), "forward": stage.forward_body,
-                          "backward": stage.backward_body,
+                          "num_params": len(params) + len(buffers), "forward": _weak_body(stage.forward_body),
+                          "backward": _weak_body(stage.backward_body),
                           "owned_slots": [False] * stage.num_inputs + owned + [False] * len(buffers)})
         self.native = _native().GraphedCallables(specs, name, device, max_outstanding, max_recordings, warmup_calls,
                                                  generators)

@@ -11,6 +11,7 @@ import os
 import sys
 import unittest
 import warnings
+import weakref
 
 import _common
 
@@ -479,6 +480,18 @@ class GraphedStepTest(unittest.TestCase):
         self.assertEqual(lane["counters"]["recordings"], 1)
         self.assertGreater(lane["pool_reserved_bytes"], 0)
         self.assertGreater(lane["nodes"][0]["allocated_bytes"], 0)
+
+    def test_a_deleted_graphed_step_is_collected_with_its_graphs(self):
+        model, _ = self.make()
+        f = gat.graphed(lambda x: model(x).sum(), name="collected step")
+        for _ in range(3):  # warmed up, recorded, replayed
+            f(torch.randn(4, 16, device="cuda"))
+        self.assertEqual(len([d for d in gat.graph_memory() if d.get("name") == "collected step"]), 1)
+        alive = weakref.ref(f)
+        del f
+        gc.collect()
+        self.assertIsNone(alive(), "the graphed step outlived its last reference")
+        self.assertEqual([d for d in gat.graph_memory() if d.get("name") == "collected step"], [])
 
     def test_out_of_memory_while_recording_names_the_recording_and_the_pool(self):
         def greedy(x):
