@@ -51,6 +51,11 @@ __all__ = ["make_graphed_callables", "graphed", "GraphedFunction", "graph_memory
 _lock = threading.Lock()
 _native_module = None
 _front_ends: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# The native parts (graphs, pools, lanes) of front ends whose Python side was collected, destroyed at the
+# next safe point (_destroy_collected).
+_collected: List[Any] = []
+# How many graphed bodies this thread is running (a graphed call inside another's body runs at depth 1).
+_in_body = threading.local()
 # TransformerEngine keyword arguments with no meaning here: accepted when they ask for nothing.
 _TE_ONLY = ("fp8_enabled", "fp8_calibrating", "fp8_recipe", "fp8_group", "fp8_weight_caching", "enabled",
             "calibrating", "recipe", "amax_reduction_group", "cache_quantized_params", "capture_time_hooks",
@@ -125,18 +130,42 @@ def _add_note(error: BaseException, note: str) -> None:
         error.add_note(note)
 
 
+def _on_collected(natives) -> None:
+    """weakref.finalize's callback when a front end's Python side is collected: its native part waits for a
+    safe point. The collector runs wherever Python allocates, for example inside another front end's
+    recording, where giving the dead one's graph pool back to the device would wait for that very capture
+    to end; so nothing is destroyed here."""
+    _collected.extend(natives)  # no lock: the collector may run while this thread holds any of them
+
+
+def _destroy_collected() -> None:
+    """Destroys the native parts of collected front ends, unless this thread is inside a graphed body (whose
+    front end may hold what a destructor waits for) or capturing; called where the program calls in: a
+    graphed call, graph_memory(), a new front end."""
+    if not _collected or getattr(_in_body, "depth", 0) > 0 or torch.cuda.is_current_stream_capturing():
+        return
+    natives = _collected[:]
+    del _collected[:len(natives)]  # (a collection between the two lines only appends)
+    del natives  # the last references: each native front end's destructor runs here, outside the collector
+
+
 def _weak_body(method: Callable) -> Callable:
     """`method` (a bound method of a front end), callable by the native front end without keeping its object
     alive. The native object is invisible to Python's cycle collector: a strong reference from it back to
     the Python object that owns it would be a cycle nothing collects, and the front end, its graphs and its
     pool would live as long as the process."""
     ref = weakref.WeakMethod(method)
+    name = method.__qualname__  # not `method` itself, which would hold its object
 
     def body(*args):
         bound = ref()
         if bound is None:
-            raise RuntimeError(f"graphalloc: '{method.__qualname__}' ran after its front end was deleted")
-        return bound(*args)
+            raise RuntimeError(f"graphalloc: '{name}' ran after its front end was deleted")
+        _in_body.depth = getattr(_in_body, "depth", 0) + 1
+        try:
+            return bound(*args)
+        finally:
+            _in_body.depth -= 1
 
     return body
 
@@ -251,6 +280,7 @@ class GraphedFunction:
         return statics
 
     def __call__(self, *args, **kwargs):
+        _destroy_collected()
         if self._eager_reason is not None:
             return self._fn(*args, **kwargs)
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -266,6 +296,8 @@ class GraphedFunction:
                 [leaves[i] for i in tensor_positions] + list(params))
             self._native = _native().GraphedFunction(_weak_body(self._body), self._name, device,
                                                      self._max_recordings, self._warmup_calls, self._generators)
+            if not self._natives:  # the first native part: handed to the finalizer once, with the dict
+                weakref.finalize(self, _on_collected, self._natives.values())
             self._natives[len(statics)] = self._native
             self._structures_by_native[len(statics)] = {}
             _front_ends.add(self)
@@ -526,14 +558,17 @@ class _GraphedCallables:
                           "num_params": len(params) + len(buffers), "forward": _weak_body(stage.forward_body),
                           "backward": _weak_body(stage.backward_body),
                           "owned_slots": [False] * stage.num_inputs + owned + [False] * len(buffers)})
+        _destroy_collected()
         self.native = _native().GraphedCallables(specs, name, device, max_outstanding, max_recordings, warmup_calls,
                                                  generators)
+        weakref.finalize(self, _on_collected, [self.native])
 
     def _forget_ended(self):
         for forward_id in self.native.take_ended_forwards():
             self.templates_by_id.pop(forward_id, None)
 
     def run_forward(self, stage: _Stage, inputs, statics):
+        _destroy_collected()
         # Forwards that ended (their autograd graphs freed) give back their warm-up or eager autograd graphs
         # first: a recording must not run beside the activations of a forward nobody needs any more.
         self._forget_ended()
@@ -771,4 +806,5 @@ def graph_memory() -> List[Dict[str, Any]]:
     """Every live graph front end's memory: per lane, its pool's reserved and allocated bytes, and per
     recording (node) the bytes its pool held right after it was recorded, its replays and why it was
     recorded; the tree's text dump under "text"."""
+    _destroy_collected()
     return [f.memory() for f in list(_front_ends)]

@@ -6,6 +6,7 @@ tests run against torch.cuda.make_graphed_callables, where the rule tests fail (
 Also the semantics of TransformerEngine's test_cuda_graphs.py (owned gradients, accumulation, the opt-out
 fixed when graphed, kwargs, the interleaved pipeline order) and of PyTorch's RNG-in-graphs tests, written as
 our own. One process: graphalloc is installed once."""
+import faulthandler
 import gc
 import os
 import sys
@@ -15,6 +16,8 @@ import weakref
 
 import _common
 
+# A hang prints every thread's stack before CTest's timeout kills the process silently.
+faulthandler.dump_traceback_later(float(os.environ.get("GRAPHALLOC_TEST_HANG_S", "300")), exit=True)
 _common.require_torch()
 import _backend_common  # noqa: E402
 
@@ -34,6 +37,20 @@ def linear(n_in=8, n_out=4, bias=True, seed=0):
 def clone_module(m):
     import copy
     return copy.deepcopy(m)
+
+
+def referrers(obj) -> str:
+    """What still refers to `obj` (for a failure message): each referrer's type, and for a dict or a cell the
+    types of what refers to that."""
+    def name(r):
+        return type(r).__qualname__
+    out = []
+    for r in gc.get_referrers(obj):
+        if isinstance(r, (dict, list, tuple)) or type(r).__name__ == "cell":
+            out.append(f"{name(r)} <- " + ", ".join(name(rr) for rr in gc.get_referrers(r)[:4]))
+        else:
+            out.append(name(r))
+    return "; ".join(out)
 
 
 class OwnedGradientsTest(unittest.TestCase):
@@ -84,18 +101,23 @@ class OwnedGradientsTest(unittest.TestCase):
         model = linear(bias=False)
         x = torch.randn(2, 8, device="cuda")
         gc.collect()
+        from graphalloc import torch_graphs
+        before = {id(f) for f in torch_graphs._front_ends}
         fronts = len(gat.graph_memory())
         make_graphed(model, (x,), allow_unused_input=True)
         self.assertEqual(len(gat.graph_memory()), fronts + 1)
         for _ in range(3):  # recorded, then replayed: .grad is the graph's buffer
             model.zero_grad(set_to_none=True)
             model(x).sum().backward()
-        expected = model.weight.grad.clone()
-        del model.forward  # the module's own forward again: nothing refers to the graphs any more
+        weight = model.weight
+        expected = weight.grad.clone()
+        del model  # the module held its graphs (model.graphalloc_graphs): nothing refers to them any more
         gc.collect()
-        self.assertEqual(len(gat.graph_memory()), fronts, "the graphed callables are still alive")
+        alive = [f for f in torch_graphs._front_ends if id(f) not in before]
+        if len(gat.graph_memory()) != fronts:
+            self.fail("the graphed callables are still alive: " + " | ".join(referrers(f) for f in alive))
         torch.cuda.synchronize()
-        self.assertTrue(torch.equal(model.weight.grad, expected), "the held gradient did not keep its values")
+        self.assertTrue(torch.equal(weight.grad, expected), "the held gradient did not keep its values")
 
     @unittest.skipUnless(ours, "graphalloc's opt-out")
     def test_the_clone_opt_out_is_per_parameter_and_fixed_when_graphed(self):
@@ -490,8 +512,29 @@ class GraphedStepTest(unittest.TestCase):
         alive = weakref.ref(f)
         del f
         gc.collect()
-        self.assertIsNone(alive(), "the graphed step outlived its last reference")
+        if alive() is not None:
+            self.fail("the graphed step outlived its last reference: " + referrers(alive()))
         self.assertEqual([d for d in gat.graph_memory() if d.get("name") == "collected step"], [])
+
+    def test_a_front_end_dropped_inside_another_ones_body_is_destroyed_after_it(self):
+        model, _ = self.make()
+        dropped = gat.graphed(lambda x: model(x).sum(), name="dropped step")
+        for _ in range(3):
+            dropped(torch.randn(4, 16, device="cuda"))
+        alive = weakref.ref(dropped)
+        holder = [dropped]
+        del dropped
+
+        def body(x):
+            holder.clear()  # the last reference goes while this body runs (warm-up, then recording)
+            gc.collect()
+            return x * 2
+        recorder = gat.graphed(body, name="recorder")
+        outs = [recorder(torch.full((4,), float(i), device="cuda")).clone() for i in range(3)]
+        self.assertIsNone(alive())
+        self.assertEqual([d for d in gat.graph_memory() if d.get("name") == "dropped step"], [])
+        for i, out in enumerate(outs):
+            self.assertTrue(torch.equal(out, torch.full((4,), 2.0 * i, device="cuda")), f"call {i}: {out}")
 
     def test_out_of_memory_while_recording_names_the_recording_and_the_pool(self):
         def greedy(x):
