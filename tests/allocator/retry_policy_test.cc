@@ -109,6 +109,14 @@ class RetryPolicyTest : public ::testing::Test {
     allocator_->SetMemoryLimit(100 * kMiB);
     Keep(12 * kMiB);
   }
+  // What a served request of MakeCappedAllocatorWithOversizeBlocks leaves: no out-of-memory error.
+  void ExpectRegularSegmentFigures(std::int64_t reserved, std::int64_t device_frees, std::int64_t retries) {
+    const DeviceStats s = Stats();
+    EXPECT_EQ(s.reserved_bytes.all().current, reserved);
+    EXPECT_EQ(s.num_device_free, device_frees);
+    EXPECT_EQ(s.num_alloc_retries, retries);
+    EXPECT_EQ(s.num_ooms, 0);
+  }
   void TearDown() override {
     if (allocator_ != nullptr) {
       for (DevicePtr p : live_) EXPECT_TRUE(allocator_->Free(p).ok());
@@ -176,11 +184,7 @@ TEST_F(RetryPolicyTest, TheOversizeCacheGoesBeforeEverythingCachedAndItsRetryIsN
   // 84 + 30 passes the limit: only the oversize segment goes, and the retry fits.
   live_.push_back(Alloc(30 * kMiB));
   EXPECT_THAT(driver_->log, ElementsAre("MemFree", "MemAlloc"));
-  const DeviceStats s = Stats();
-  EXPECT_EQ(s.reserved_bytes.all().current, 54 * MiB);
-  EXPECT_EQ(s.num_device_free, 1);
-  EXPECT_EQ(s.num_alloc_retries, 0);
-  EXPECT_EQ(s.num_ooms, 0);
+  ExpectRegularSegmentFigures(/*reserved=*/54 * MiB, /*device_frees=*/1, /*retries=*/0);
 }
 
 TEST_F(RetryPolicyTest, WhenTheOversizeCacheIsNotEnoughEventsAreWaitedForThenEverythingCachedGoes) {
@@ -191,11 +195,7 @@ TEST_F(RetryPolicyTest, WhenTheOversizeCacheIsNotEnoughEventsAreWaitedForThenEve
   StartLog();
   live_.push_back(Alloc(50 * kMiB));
   EXPECT_THAT(driver_->log, ElementsAre("EventSynchronize", "MemFree", "MemFree", "MemAlloc"));
-  const DeviceStats s = Stats();
-  EXPECT_EQ(s.reserved_bytes.all().current, 62 * MiB);
-  EXPECT_EQ(s.num_device_free, 2);
-  EXPECT_EQ(s.num_alloc_retries, 1);
-  EXPECT_EQ(s.num_ooms, 0);
+  ExpectRegularSegmentFigures(/*reserved=*/62 * MiB, /*device_frees=*/2, /*retries=*/1);
 }
 
 TEST_F(RetryPolicyTest, ARefusedHandleGetsTheHandleCacheBackAndOneMoreTry) {
