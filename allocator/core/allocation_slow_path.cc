@@ -1,10 +1,12 @@
-// The slow path: new segments, releasing the cache under pressure, garbage collection and the
-// out-of-memory report. Driver calls happen here, always with every lock released.
+// The slow path: the retry ladder's steps (their order is retry_policy.cc's), new segments, releasing the
+// cache under pressure, garbage collection and the out-of-memory report. Driver calls happen here, always
+// with every lock released.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "graphalloc/allocator/core/caching_allocator.h"
+#include "graphalloc/allocator/core/retry_policy.h"
 #include "graphalloc/allocator/core/size_policy.h"
 #include "graphalloc/allocator/snapshot/oom_report.h"
 
@@ -38,51 +40,57 @@ class RelaxedCaptureMode {
 
 absl::StatusOr<DevicePtr> CachingAllocator::AllocateSlow(StreamShard& shard,
                                                          const AllocationRequest& request) {
-  if (captures_.underway()) return AllocateDuringCapture(shard, request);
-  const std::size_t size = request.size;
-  // Another thread may have freed a fitting block since the fast path looked, and the quick cache may hold
-  // blocks that merge into one that fits: each step below retries the cache before asking for more.
-  auto from_cache = [&]() -> DevicePtr {
-    SpinLockHolder lock(&shard.mu);
-    return blocks_.AllocateBestFit(shard, request);
-  };
+  if (!captures_.underway()) return RunRetryLadder(shard, request, /*capturing=*/false);
+  // Relaxed for the whole ladder: the report's device query as well as the new segment.
+  RelaxedCaptureMode relaxed(*driver_);
+  return RunRetryLadder(shard, request, /*capturing=*/true);
+}
+
+absl::StatusOr<DevicePtr> CachingAllocator::RunRetryLadder(StreamShard& shard,
+                                                           const AllocationRequest& request, bool capturing) {
+  const PoolId pool = shard.pool != nullptr ? shard.pool->id : kDefaultPool;
   auto new_segment = [&]() -> absl::StatusOr<DevicePtr> {
-    if (DevicePtr p = from_cache()) return p;
+    {
+      SpinLockHolder lock(&shard.mu);
+      if (DevicePtr p = blocks_.AllocateBestFit(shard, request)) return p;
+    }
     return NewSegmentFor(shard, request);
   };
-
-  if (config_.garbage_collection_threshold > 0.0) {
-    absl::StatusOr<std::size_t> collected = GarbageCollect();
-    if (!collected.ok()) return collected.status();
-  }
-  absl::StatusOr<DevicePtr> result = new_segment();
-  if (!result.ok() || *result != 0) return result;
-
-  // Free oversize cached blocks (only when max_split_size is set), then everything cached.
-  if (config_.max_split_size != std::numeric_limits<std::size_t>::max()) {
-    absl::StatusOr<std::size_t> freed =
-        ReleaseCachedSegments(/*only_oversize=*/true, std::max(size, config_.max_split_size));
-    if (!freed.ok()) return freed.status();
-    if (*freed > 0) {
-      result = new_segment();
-      if (!result.ok() || *result != 0) return result;
+  for (const RetryRung& rung : RetryPolicy::SlowPath(capturing)) {
+    if (!RetryPolicy::Takes(rung.step, config_, shard.pool == nullptr)) continue;
+    absl::StatusOr<std::size_t> freed = std::size_t{0};
+    switch (rung.step) {
+      case RetryStep::kCollectGarbage:
+        freed = GarbageCollect();
+        break;
+      case RetryStep::kNewSegment:
+        if (absl::StatusOr<DevicePtr> result = new_segment(); !result.ok() || *result != 0) return result;
+        break;
+      case RetryStep::kReleaseOversizeCached:
+        freed = ReleaseCachedSegments(/*only_oversize=*/true, std::max(request.size, config_.max_split_size));
+        break;
+      case RetryStep::kReleaseAllCached:
+        if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
+        freed = ReleaseCachedSegments(/*only_oversize=*/false, 0);
+        break;
+      case RetryStep::kOomPools:
+        if (DevicePtr p = AllocateFromOomPools(request)) return p;
+        break;
+      case RetryStep::kReleaseHandleCache:
+        (void)expandable_.ReleaseCachedHandles();
+        break;
+      case RetryStep::kReportOutOfMemory:
+        return OutOfMemory(request, pool);
     }
+    if (!freed.ok()) return freed.status();
+    if (!RetryPolicy::RetriesAfter(rung, *freed)) continue;
+    if (rung.counted) {
+      MutexLock lock(&device_mu_);
+      ++segments_.stats().num_alloc_retries;
+    }
+    if (absl::StatusOr<DevicePtr> result = new_segment(); !result.ok() || *result != 0) return result;
   }
-  if (absl::Status s = SynchronizeAndFreeEvents(); !s.ok()) return s;
-  absl::StatusOr<std::size_t> freed = ReleaseCachedSegments(/*only_oversize=*/false, 0);
-  if (!freed.ok()) return freed.status();
-  {
-    MutexLock lock(&device_mu_);
-    ++segments_.stats().num_alloc_retries;
-  }
-  result = new_segment();
-  if (!result.ok() || *result != 0) return result;
-  if (shard.pool == nullptr) {
-    if (DevicePtr p = AllocateFromOomPools(request)) return p;
-  }
-  // A failed growth may have cached the handles it could not map: out of memory leaves nothing idle.
-  if (config_.expandable_segments) (void)expandable_.ReleaseCachedHandles();
-  return OutOfMemory(request, shard.pool != nullptr ? shard.pool->id : kDefaultPool);
+  return absl::InternalError("the retry ladder ended without the out-of-memory report");
 }
 
 absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard,
@@ -93,23 +101,6 @@ absl::StatusOr<DevicePtr> CachingAllocator::NewSegmentFor(StreamShard& shard,
       shard.pool != nullptr && (shard.pool->options.no_split || shard.pool->segment_source != nullptr);
   if (config_.expandable_segments && !regular_only) return expandable_.Allocate(shard, request);
   return AllocateSegment(shard, request);
-}
-
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateDuringCapture(StreamShard& shard,
-                                                                  const AllocationRequest& request) {
-  // Capture mode: no event is queried or synchronized and nothing goes back to the device (the capture
-  // may use it, and freeing is illegal while capturing); only the cache and new memory can serve.
-  RelaxedCaptureMode relaxed(*driver_);
-  {
-    SpinLockHolder lock(&shard.mu);
-    if (DevicePtr p = blocks_.AllocateBestFit(shard, request)) return p;
-  }
-  absl::StatusOr<DevicePtr> result = NewSegmentFor(shard, request);
-  if (!result.ok() || *result != 0) return result;
-  if (shard.pool == nullptr) {
-    if (DevicePtr p = AllocateFromOomPools(request)) return p;
-  }
-  return OutOfMemory(request, shard.pool != nullptr ? shard.pool->id : kDefaultPool);
 }
 
 absl::StatusOr<DevicePtr> CachingAllocator::AllocateSegment(StreamShard& shard,

@@ -263,12 +263,15 @@ class CachingAllocator {
   void ReleaseOrphanAfterFree(PoolId pool);
 
   // ---- Slow path (allocation_slow_path.cc). ----
+  // After the fast path found nothing: the retry ladder (retry_policy.h), in relaxed capture mode while a
+  // capture is underway (see BeginAllocateToPool).
   absl::StatusOr<DevicePtr> AllocateSlow(StreamShard& shard, const AllocationRequest& request);
+  // Takes the ladder's steps in order until one serves `request`, fails, or reports out of memory.
+  absl::StatusOr<DevicePtr> RunRetryLadder(StreamShard& shard, const AllocationRequest& request,
+                                           bool capturing);
   // A new segment (or expandable growth) for the shard's pool kind, serving `request`; 0 when there is no
   // room.
   absl::StatusOr<DevicePtr> NewSegmentFor(StreamShard& shard, const AllocationRequest& request);
-  // The slow path while a capture route is open (see BeginAllocateToPool).
-  absl::StatusOr<DevicePtr> AllocateDuringCapture(StreamShard& shard, const AllocationRequest& request);
   // Allocates a new segment for `request` and hands out its first block; 0 when the device or the memory
   // limit has no room; an error for any other driver failure.
   absl::StatusOr<DevicePtr> AllocateSegment(StreamShard& shard, const AllocationRequest& request);

@@ -7,14 +7,15 @@
 // unmapped, new handles created, every hole mapped and granted access; then, under the locks again, the
 // chunks are accounted and the blocks turn back into free (or unmapped) blocks, merged, and the request is
 // served from the result. Any failure undoes what the unlocked part did (mapped chunks unmapped, handles
-// into the cache) and settles the blocks as they are; the request then goes on down the slow path
-// (release everything cached, retry) and reports out-of-memory only when that fails too.
+// into the cache) and settles the blocks as they are; the request then goes on down the slow path. How
+// often a request plans, reserves and retries is the retry policy's (retry_policy.h).
 #include <algorithm>
 #include <utility>
 
 #include "graphalloc/allocator/base/bytes.h"
 #include "graphalloc/allocator/core/expandable_segments.h"
 #include "graphalloc/allocator/core/pool_state.h"
+#include "graphalloc/allocator/core/retry_policy.h"
 
 namespace graphalloc {
 
@@ -40,13 +41,22 @@ absl::StatusOr<PhysicalHandle> ExpandableSegments::CreateHandle(const PoolState*
   return Shareable(pool) ? driver_.MemCreateShareable(size) : driver_.MemCreate(size);
 }
 
+absl::StatusOr<PhysicalHandle> ExpandableSegments::CreateHandleOrReleaseCache(const PoolState* pool,
+                                                                              std::size_t size) {
+  absl::StatusOr<PhysicalHandle> h = CreateHandle(pool, size);
+  if (RetryPolicy::ReleaseHandleCacheAndRetry(h.status()) && ReleaseCachedHandles().ok()) {
+    h = CreateHandle(pool, size);
+  }
+  return h;
+}
+
 absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const AllocationRequest& request) {
   if (request.size > reservation_) return DevicePtr{0};
   // A chunk left mapped without access by an earlier failure is fixed before more memory is mapped (it
   // may serve this request then). Not unmapped during a capture, which forbids freeing device memory.
   (void)RepairQuarantinedChunks(/*may_unmap=*/!captures_.underway());
-  bool created = false;
-  for (int attempt = 0; attempt < 8; ++attempt) {
+  GrowthAttempts attempts;
+  while (attempts.NextPass()) {
     GrowthPlan plan;
     bool planned = false;
     {
@@ -55,12 +65,11 @@ absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const
       planned = PlanGrowth(shard, shard.PoolFor(request.size), request.size, &plan);
     }
     if (!planned) {
-      // No unmapped range fits: reserve a(nother) segment, once per request.
-      if (created) return DevicePtr{0};
+      // No unmapped range fits: reserve a(nother) segment, as often as the policy allows one request.
+      if (!attempts.TakeReservation()) return DevicePtr{0};
       absl::Status s = CreateSegment(shard, request.small());
       if (absl::IsResourceExhausted(s)) return DevicePtr{0};
       if (!s.ok()) return s;
-      created = true;
       continue;
     }
     absl::StatusOr<bool> grown = ExecuteGrowth(shard, plan);
@@ -194,14 +203,10 @@ void ExpandableSegments::ReleaseRetiredChunks(const GrowthPlan& plan, const Exec
 }
 
 void ExpandableSegments::CreateHandles(const PoolState* pool, GrowthPlan& plan, Execution& x) {
-  // Releasing cached handles and retrying once when the device is full.
   for (GrowthPlan::Hole& hole : plan.holes) {
     for (GrowthPlan::Source& src : hole.sources) {
       if (!x.error.ok() || !src.created) continue;
-      absl::StatusOr<PhysicalHandle> h = CreateHandle(pool, src.size);
-      if (absl::IsResourceExhausted(h.status())) {
-        if (absl::Status s = ReleaseCachedHandles(); s.ok()) h = CreateHandle(pool, src.size);
-      }
+      absl::StatusOr<PhysicalHandle> h = CreateHandleOrReleaseCache(pool, src.size);
       if (!h.ok()) {
         x.error = h.status();
         break;

@@ -80,6 +80,9 @@ class ExpandableSegments {
   // A new physical handle of `size` for `pool`'s segments, exportable when Shareable(pool): every growth,
   // wake and restore creates its handles here. No lock held.
   absl::StatusOr<PhysicalHandle> CreateHandle(const PoolState* pool, std::size_t size);
+  // CreateHandle; when the device refuses, the handle cache is released and the creation tried again as
+  // the retry policy says (retry_policy.h). What a growth and a restore create. No lock held.
+  absl::StatusOr<PhysicalHandle> CreateHandleOrReleaseCache(const PoolState* pool, std::size_t size);
 
   // ---- Release (expandable_release.cc). ----
   // Unmaps every chunk of `scope` (PoolRegistry::Releasable) wholly covered by free blocks, releases every
@@ -132,7 +135,6 @@ class ExpandableSegments {
   absl::Status AdmitGrowth(const GrowthPlan& plan, bool* admitted);
   void UnmapStolenChunks(StreamShard& shard, const GrowthPlan& plan, Execution& x);
   void ReleaseRetiredChunks(const GrowthPlan& plan, const Execution& x);
-  void CreateHandles(GrowthPlan& plan, Execution& x);
   void CreateHandles(const PoolState* pool, GrowthPlan& plan, Execution& x);
   void MapHoles(const GrowthPlan& plan, Execution& x);
   void NotifyMappedHoles(const GrowthPlan& plan, const Execution& x);

@@ -1,7 +1,8 @@
 // Physical handles that are not mapped anywhere, kept for reuse by the next growth of an expandable
 // segment (creating a handle costs a driver call; mapping a cached one does not). Device-wide, guarded by
 // the allocator's device lock. Handles leave the cache for the device (cuMemRelease) on EmptyCache(), when
-// a cuMemCreate runs out of memory, or when a growth would pass the memory limit.
+// a cuMemCreate runs out of memory, when a growth would pass the memory limit, or when a request is about
+// to fail out of memory (retry_policy.h).
 //
 // Reuse policy: a growth that needs N bytes takes cached handles whose sizes sum to at most N, largest
 // first (never more than N: a bigger handle would map memory nobody asked for, and sizes are multiples of

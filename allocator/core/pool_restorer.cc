@@ -229,10 +229,8 @@ void PoolRestorer::PlanSegmentMaps(const CheckpointSegment& s, std::vector<MapJo
 absl::Status PoolRestorer::Map(std::vector<MapJob>& jobs, const std::vector<int>& peers) {
   std::vector<ChunkPlacement> no_access;
   for (MapJob& job : jobs) {
-    absl::StatusOr<PhysicalHandle> h = expandable_.CreateHandle(job.shard->pool, job.chunk.size);
-    if (absl::IsResourceExhausted(h.status()) && expandable_.ReleaseCachedHandles().ok()) {
-      h = expandable_.CreateHandle(job.shard->pool, job.chunk.size);
-    }
+    absl::StatusOr<PhysicalHandle> h =
+        expandable_.CreateHandleOrReleaseCache(job.shard->pool, job.chunk.size);
     if (!h.ok()) return h.status();
     job.chunk.handle = *h;
     absl::Status s = MapChunks(driver_, std::span<const ChunkPlacement>(&job.chunk, 1), peers, &no_access);
