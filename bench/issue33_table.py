@@ -34,7 +34,8 @@ def load(path):
     for b in json.load(open(path)).get("benchmarks", []):
         if b.get("error_occurred") or b.get("skipped"):
             continue
-        name = b.get("run_name", b["name"]).replace("/real_time", "")  # UseRealTime's suffix
+        # UseRealTime's and Iterations' suffixes (the settled replays run a fixed number of iterations)
+        name = re.sub(r"/iterations:\d+", "", b.get("run_name", b["name"]).replace("/real_time", ""))
         if b.get("run_type") == "aggregate":
             rows.setdefault(name, {})[b.get("aggregate_name")] = b
         else:
