@@ -516,6 +516,21 @@ class GraphedStepTest(unittest.TestCase):
             self.fail("the graphed step outlived its last reference: " + referrers(alive()))
         self.assertEqual([d for d in gat.graph_memory() if d.get("name") == "collected step"], [])
 
+    def test_an_output_held_when_its_graphs_go_keeps_its_values(self):
+        f = gat.graphed(lambda x: x * 2 + 1, name="held output")
+        for _ in range(3):  # warmed up, recorded, replayed
+            f(torch.randn(64, device="cuda"))
+        earlier = f(torch.randn(64, device="cuda"))
+        held = f(torch.randn(64, device="cuda"))  # `earlier` is overwritten by this replay
+        expected, at = held.clone(), held.data_ptr()
+        del f
+        gc.collect()
+        gat.graph_memory()  # a safe point: the collected front end's graphs go here
+        self.assertNotEqual(held.data_ptr(), at, "the held output should have moved off the graphs' memory")
+        self.assertTrue(torch.equal(held, expected), "the held output lost its values with its graphs")
+        with self.assertRaisesRegex(RuntimeError, "graphalloc"):
+            earlier.sum()
+
     def test_a_front_end_dropped_inside_another_ones_body_is_destroyed_after_it(self):
         model, _ = self.make()
         dropped = gat.graphed(lambda x: model(x).sum(), name="dropped step")

@@ -38,9 +38,18 @@ GraphFrontEnd::GraphFrontEnd(const FrontEndOptions& options) : options_(options)
 }
 
 GraphFrontEnd::~GraphFrontEnd() {
-  handed_out_.PoisonAll(
-      "graphalloc: this tensor was an output of the CUDA graphs of '" + options_.name +
-      "', which are gone (the graphed function was deleted); clone outputs that must outlive it");
+  handed_out_.PoisonAll("graphalloc: this tensor was an output of the CUDA graphs of '" + options_.name +
+                        "', which are gone, and it could not be kept (it was overwritten before, or the device "
+                        "had no memory for a copy when they went)");
+}
+
+void GraphFrontEnd::KeepHeldOutputs() noexcept {
+  try {
+    handed_out_.CopyOutOverwritten(device());
+    handed_out_.CopyOutAllCurrent(device());
+  } catch (const std::exception&) {
+    // Whatever did not move is poisoned with the graphs (~GraphFrontEnd): a clear error, never stale data.
+  }
 }
 
 graphalloc::Stream GraphFrontEnd::CallerStream() const {

@@ -66,6 +66,11 @@ class GraphFrontEnd {
   // After a call failed with `status`: raises the body's kept exception, or RuntimeError with `status`.
   [[noreturn]] void Raise(const absl::Status& status);
 
+  // Before the graphs go (a derived destructor, while its tree lives): every output the caller still holds
+  // moves to memory of its own with its values, owned gradients of earlier micro-batches too. What cannot
+  // move (an allocation failed) is poisoned by ~GraphFrontEnd.
+  void KeepHeldOutputs() noexcept;
+
   HandedOut handed_out_;
   CallOutputs calls_;
   // What the call under way disowned (a recording's outputs and saved tensors): owned by PyTorch again if

@@ -80,8 +80,7 @@ TorchGraphedCallables::TorchGraphedCallables(std::vector<GraphedStage> stages,
 }
 
 TorchGraphedCallables::~TorchGraphedCallables() {
-  // Owned gradients the caller still holds outlive the graphs (the others are poisoned with them).
-  (void)CopyOutHeldGradients(/*all=*/true);
+  KeepHeldOutputs();
   forwards_.clear();
   py::gil_scoped_release release;  // the trees wait for the device
   step_.reset();
@@ -96,9 +95,9 @@ void TorchGraphedCallables::ProcessReleases() {
   for (std::uint64_t id : ids) Discard(id);
 }
 
-absl::Status TorchGraphedCallables::CopyOutHeldGradients(bool all) {
+absl::Status TorchGraphedCallables::CopyOutHeldGradients() {
   try {
-    handed_out_.CopyOutOverwritten(device(), all);
+    handed_out_.CopyOutOverwritten(device());
     return absl::OkStatus();
   } catch (const std::exception& e) {
     copy_out_error_ = std::current_exception();

@@ -99,9 +99,8 @@ class TorchGraphedCallables final : public GraphFrontEnd {
   absl::StatusOr<graphalloc::ForwardResult> ForwardBody(const graphalloc::ForwardArgs& args);
   absl::StatusOr<std::vector<graphalloc::BufferView>> BackwardBody(const graphalloc::BackwardArgs& args);
   void ProcessReleases();
-  // GraphedStepOptions::before_lane_reuse: copies out the owned gradients the caller still holds (`all`:
-  // the current ones too, before the graphs go).
-  absl::Status CopyOutHeldGradients(bool all = false);
+  // GraphedStepOptions::before_lane_reuse: copies out the owned gradients the caller still holds.
+  absl::Status CopyOutHeldGradients();
 
   std::vector<GraphedStage> stages_;
   GraphedCallablesOptions options_;

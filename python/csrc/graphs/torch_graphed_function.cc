@@ -13,6 +13,7 @@ TorchGraphedFunction::TorchGraphedFunction(py::function body, FrontEndOptions op
     : GraphFrontEnd(options), body_(std::move(body)) {}
 
 TorchGraphedFunction::~TorchGraphedFunction() {
+  KeepHeldOutputs();
   py::gil_scoped_release release;  // the tree waits for the device
   tree_.reset();
 }

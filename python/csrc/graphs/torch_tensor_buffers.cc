@@ -159,26 +159,55 @@ void HandedOut::CopyOutOnOverwrite(const at::Tensor& t) {
   }
 }
 
-void HandedOut::CopyOutOverwritten(c10::DeviceIndex device, bool all) {
-  std::erase_if(entries_, [device, all](Entry& e) {
-    if (!e.copy_out) return false;
-    c10::intrusive_ptr<c10::StorageImpl> storage = e.storage.lock();
-    if (!storage) return true;
-    const std::shared_ptr<graphalloc::OutputState> out = e.output.lock();
-    if (out == nullptr || (out->Current() && !all)) return false;  // (gone: poisoned by PoisonOverwritten)
-    const auto bytes = static_cast<int64_t>(std::min(storage->nbytes(), out->buffer.bytes));
-    at::Tensor copy = at::empty({static_cast<int64_t>(storage->nbytes())},
-                                at::TensorOptions().dtype(at::kByte).device(c10::kCUDA, device));
-    TensorLayout raw;
-    raw.dtype = at::kByte;
-    raw.sizes = {bytes};
-    raw.strides = {1};
-    copy.narrow(0, 0, bytes).copy_(TensorAt(out->buffer.ptr, static_cast<std::size_t>(bytes), raw, device));
-    // The holder of the tree output goes with the old data pointer: the output is dead from here on.
-    storage->set_data_ptr_noswap(
-        copy.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, copy.device())));
-    return true;
-  });
+namespace {
+
+// `storage` moves to memory of its own holding the bytes of `out`'s buffer, copied on the current stream;
+// the holder of the tree output goes with the old data pointer. Changes nothing when it throws.
+void MoveToOwnMemory(c10::StorageImpl& storage, const graphalloc::OutputState& out, c10::DeviceIndex device) {
+  const auto bytes = static_cast<int64_t>(std::min(storage.nbytes(), out.buffer.bytes));
+  at::Tensor copy = at::empty({static_cast<int64_t>(storage.nbytes())},
+                              at::TensorOptions().dtype(at::kByte).device(c10::kCUDA, device));
+  TensorLayout raw;
+  raw.dtype = at::kByte;
+  raw.sizes = {bytes};
+  raw.strides = {1};
+  copy.narrow(0, 0, bytes).copy_(TensorAt(out.buffer.ptr, static_cast<std::size_t>(bytes), raw, device));
+  storage.set_data_ptr_noswap(
+      copy.storage().unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr(nullptr, copy.device())));
+}
+
+}  // namespace
+
+// Entry by entry rather than with erase_if: when a copy throws, every entry not yet moved stays listed, for
+// PoisonAll or a later copy.
+void HandedOut::CopyOutOverwritten(c10::DeviceIndex device) {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    c10::intrusive_ptr<c10::StorageImpl> storage = it->copy_out ? it->storage.lock() : nullptr;
+    const std::shared_ptr<graphalloc::OutputState> out = it->output.lock();
+    if (it->copy_out && !storage) {
+      it = entries_.erase(it);
+    } else if (storage && out != nullptr && !out->Current()) {  // (gone: poisoned by PoisonOverwritten)
+      MoveToOwnMemory(*storage, *out, device);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void HandedOut::CopyOutAllCurrent(c10::DeviceIndex device) {
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    c10::intrusive_ptr<c10::StorageImpl> storage = it->storage.lock();
+    const std::shared_ptr<graphalloc::OutputState> out = it->output.lock();
+    if (!storage) {
+      it = entries_.erase(it);
+    } else if (out != nullptr && out->Current()) {  // (overwritten already: PoisonAll says so)
+      MoveToOwnMemory(*storage, *out, device);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void HandedOut::PoisonOverwritten() {

@@ -77,10 +77,15 @@ class HandedOut {
   // Marks the storage of `t` (added last by Add) as the caller's: CopyOutOverwritten keeps its values.
   void CopyOutOnOverwrite(const at::Tensor& t);
   // Moves every live marked storage whose output is no longer current (its lane began another micro-batch,
-  // whose launches are not enqueued yet), or every live marked one when `all` (the graphs are going away),
-  // to memory of its own from PyTorch's allocator, copied on the current stream: every tensor over it keeps
-  // its values, and the tree output it held is released. Throws what the allocation throws.
-  void CopyOutOverwritten(c10::DeviceIndex device, bool all = false);
+  // whose launches are not enqueued yet) to memory of its own from PyTorch's allocator, copied on the current
+  // stream: every tensor over it keeps its values, and the tree output it held is released. Throws what the
+  // allocation throws.
+  void CopyOutOverwritten(c10::DeviceIndex device);
+  // The graphs are going away: moves every live storage whose output is still current, marked or not, to
+  // memory of its own the same way, so that what the caller holds keeps its values, as a tensor of a
+  // deleted torch.cuda.graph does. What it leaves (outputs already overwritten, or all after an allocation
+  // threw, which it rethrows) is for PoisonAll.
+  void CopyOutAllCurrent(c10::DeviceIndex device);
   // Poisons every live storage whose output is no longer current (the tree began another step, or is
   // gone), and forgets dead ones.
   void PoisonOverwritten();
