@@ -22,7 +22,8 @@
 //   RouteTable, CaptureTracker  routes to pools, deferred frees, capture mode          (route_table.h,
 //                                                                                      capture_tracker.h)
 //   ExpandableSegments          growth and release of expandable segments             (expandable_segments.h)
-//   PoolRestorer                restoring a pool's checkpoint, in phases              (pool_restorer.h)
+//   PoolRestorer                restoring a pool's checkpoint, in phases, through     (pool_restorer.h,
+//                               the RestoreHost the coordinator lends it              restore_host.h)
 //   PoolSleep                   sleep and wake of pools, in phases                    (pool_sleep.h)
 //   InvariantChecker            CheckInvariants                                       (invariant_checker.h)
 //   PeakLedger                  exact device-wide peaks of the per-shard statistics   (peak_ledger.h)

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "graphalloc/allocator/core/allocator_restore_host.h"
 #include "graphalloc/allocator/core/caching_allocator.h"
 #include "graphalloc/allocator/core/pool_restorer.h"
 
@@ -113,8 +114,9 @@ absl::StatusOr<RestoreResult> CachingAllocator::Restore(const PrivatePool& pool,
     return absl::FailedPreconditionError(
         "Restore during a CUDA graph capture: it may unmap memory, which is illegal while capturing");
   }
-  PoolRestorer restorer({*driver_, history_, shards_, blocks_, device_mu_, segments_, expandable_, captures_},
-                        pool.id(), checkpoint);
+  AllocatorRestoreHost host(
+      {*driver_, history_, shards_, blocks_, device_mu_, segments_, expandable_, captures_});
+  PoolRestorer restorer(host, pool.id(), checkpoint);
   absl::StatusOr<RestoreResult> result = restorer.Run();
   SettleAllPeaks();
   return result;

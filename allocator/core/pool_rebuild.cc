@@ -1,6 +1,8 @@
 // PoolRestorer, phase 2: every block chain of the pool replaced by the checkpoint's (pool_restorer.h).
+#include <memory>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "graphalloc/allocator/core/pool_restorer.h"
 
 namespace graphalloc {
@@ -101,20 +103,19 @@ struct PoolRestorer::Rebuild {
 };
 
 absl::Status PoolRestorer::RebuildChains(std::vector<UnmapJob>* unmap_jobs) {
-  PoolShardsLock lock(shards_, pool_, device_mu_);
-  if (absl::Status s = ValidateAgainstPool(lock); !s.ok()) return s;
+  const std::unique_ptr<PoolLock> lock = host_.LockPool(pool_);
+  if (absl::Status s = ValidateAgainstPool(*lock); !s.ok()) return s;
   Rebuild r;
   for (const CheckpointSegment& s : checkpoint_.segments) r.wanted.emplace(s.base, &s);
-  for (StreamShard* shard : lock.shards()) blocks_.FlushQuickCache(*shard);
-  for (const auto& [base, segment] : segments_) {
-    if (!lock.Holds(segment->shard)) continue;
-    auto w = r.wanted.find(base);
+  host_.FlushQuickCaches(*lock);
+  for (Segment* segment : host_.SegmentsOf(*lock)) {
+    auto w = r.wanted.find(segment->base);
     const CheckpointSegment* wanted = w != r.wanted.end() ? w->second : nullptr;
     if (wanted != nullptr && ChainMatches(segment, *wanted)) continue;  // already the checkpoint's
     RebuildSegment(segment, wanted, r);
   }
   Account(r);
-  PlanUnmaps(unmap_jobs);
+  PlanUnmaps(*lock, unmap_jobs);
   return absl::OkStatus();
 }
 
@@ -135,7 +136,7 @@ void PoolRestorer::TearDownChain(Segment* segment, Rebuild& r) {
     if (b->allocated) {
       r.live_before.push_back({b->ptr, b->size, b->stream(), b->requested_size});
       shard.RemoveFromPointerMap(b);
-      r.delta->out.AddAllocated(blocks_.FiguresOf(b, bp.is_small));
+      r.delta->out.AddAllocated(host_.FiguresOf(b, bp.is_small));
     } else {
       if (b->mapped) {
         bp.Erase(b);
@@ -201,7 +202,7 @@ void PoolRestorer::BuildChain(Segment* segment, Rebuild& r) {
       b->allocated = true;
       b->requested_size = p.requested;
       shard.AddToPointerMap(b);
-      r.delta->in.AddAllocated(blocks_.FiguresOf(b, bp.is_small));
+      r.delta->in.AddAllocated(host_.FiguresOf(b, bp.is_small));
     } else if (p.mapped) {
       b->gc_count_base = bp.free_block_lookups;
       bp.Insert(b);
@@ -226,12 +227,11 @@ void PoolRestorer::Account(const Rebuild& r) {
     if (j == after.size() || (i < before.size() && key(before[i]) < key(after[j]))) {
       const Live& l = before[i++];
       result_.freed.push_back(l.ptr);
-      history_.Record(HistoryAction::kFreeCompleted, l.ptr, l.requested, static_cast<std::uint64_t>(l.stream),
-                      0);
+      host_.RecordFreed(l.ptr, l.requested, l.stream);
     } else if (i == before.size() || key(after[j]) < key(before[i])) {
       const Live& l = after[j++];
       result_.created.push_back({l.ptr, l.size, l.stream});
-      history_.Record(HistoryAction::kAlloc, l.ptr, l.requested, static_cast<std::uint64_t>(l.stream), 0);
+      host_.RecordAllocated(l.ptr, l.requested, l.stream);
     } else {
       ++i;  // live in both
       ++j;

@@ -2,8 +2,7 @@
 #include "graphalloc/allocator/core/pool_restorer.h"
 
 #include <algorithm>
-#include <optional>
-#include <span>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -88,22 +87,13 @@ struct PoolRestorer::UnmapJob {
   bool unmapped = false;
 };
 
-PoolRestorer::PoolRestorer(const Parts& parts, PoolId pool, const PoolCheckpoint& checkpoint)
-    : driver_(parts.driver),
-      history_(parts.history),
-      shards_(parts.shards),
-      blocks_(parts.blocks),
-      device_mu_(parts.device_mu),
-      segments_(parts.segments),
-      expandable_(parts.expandable),
-      captures_(parts.captures),
-      pool_(pool),
-      checkpoint_(checkpoint) {}
+PoolRestorer::PoolRestorer(RestoreHost& host, PoolId pool, const PoolCheckpoint& checkpoint)
+    : host_(host), pool_(pool), checkpoint_(checkpoint) {}
 
 absl::StatusOr<RestoreResult> PoolRestorer::Run() {
   if (absl::Status s = ValidateShape(); !s.ok()) return s;
-  // A quarantined chunk would make the pool look busy (CheckPoolQuiet): fix what can be fixed first.
-  (void)expandable_.RepairQuarantinedChunks(/*may_unmap=*/true);
+  // A quarantined chunk would make the pool look busy (CheckQuiet): fix what can be fixed first.
+  (void)host_.RepairQuarantinedChunks();
   if (absl::Status s = MapMissingRanges(); !s.ok()) return s;
   std::vector<UnmapJob> unmap_jobs;
   if (absl::Status s = RebuildChains(&unmap_jobs); !s.ok()) return s;
@@ -117,15 +107,15 @@ absl::StatusOr<RestoreResult> PoolRestorer::Run() {
 
 absl::Status PoolRestorer::ValidateShape() const {
   for (const CheckpointSegment& s : checkpoint_.segments) {
-    if (absl::Status st = ValidateSegmentState(s, driver_.Info().granularity); !st.ok()) return st;
+    if (absl::Status st = ValidateSegmentState(s, host_.Granularity()); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
 
-absl::Status PoolRestorer::ValidateAgainstPool(const PoolShardsLock& lock) const {
-  if (absl::Status st = CheckPoolQuiet(lock, segments_, expandable_); !st.ok()) return st;
+absl::Status PoolRestorer::ValidateAgainstPool(const PoolLock& lock) const {
+  if (absl::Status st = host_.CheckQuiet(lock); !st.ok()) return st;
   for (const CheckpointSegment& s : checkpoint_.segments) {
-    const Segment* live = segments_.Find(s.base);
+    const Segment* live = host_.FindSegment(lock, s.base);
     if (live == nullptr || !lock.Holds(live->shard) || live->size != s.size ||
         live->expandable != s.expandable || live->stream != s.stream || live->pool->is_small != s.small) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -134,11 +124,10 @@ absl::Status PoolRestorer::ValidateAgainstPool(const PoolShardsLock& lock) const
           s.base, s.size, pool_));
     }
   }
-  if (absl::Status st = CheckHandleAligned(); !st.ok()) return st;
+  if (absl::Status st = CheckHandleAligned(lock); !st.ok()) return st;
   // A block freed by the restore must not be in use on another stream: nothing would wait for that use.
   // Checked before phase 1 maps anything, so that such a refusal leaves the pool as it was.
-  for (const auto& [base, segment] : segments_) {
-    if (!lock.Holds(segment->shard)) continue;
+  for (const Segment* segment : host_.SegmentsOf(lock)) {
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
       if (b->allocated && !b->stream_uses.empty()) {
         return absl::FailedPreconditionError(absl::StrFormat(
@@ -150,9 +139,9 @@ absl::Status PoolRestorer::ValidateAgainstPool(const PoolShardsLock& lock) const
   return absl::OkStatus();
 }
 
-absl::Status PoolRestorer::CheckHandleAligned() const {
+absl::Status PoolRestorer::CheckHandleAligned(const PoolLock& lock) const {
   for (const CheckpointSegment& s : checkpoint_.segments) {
-    const Segment* live = segments_.Find(s.base);
+    const Segment* live = host_.FindSegment(lock, s.base);
     if (!s.expandable || !live->handle_aligned) continue;
     const auto& chunks = live->vmm->chunks();
     for (const CheckpointBlock& c : s.blocks) {
@@ -194,17 +183,18 @@ absl::Status PoolRestorer::MapMissingRanges() {
 }
 
 absl::Status PoolRestorer::PlanMaps(std::vector<MapJob>* jobs, std::vector<int>* peers) {
-  PoolShardsLock lock(shards_, pool_, device_mu_);
-  if (absl::Status s = ValidateAgainstPool(lock); !s.ok()) return s;
+  const std::unique_ptr<PoolLock> lock = host_.LockPool(pool_);
+  if (absl::Status s = ValidateAgainstPool(*lock); !s.ok()) return s;
   for (const CheckpointSegment& s : checkpoint_.segments) {
-    if (s.expandable) PlanSegmentMaps(s, jobs);
+    if (s.expandable) PlanSegmentMaps(*lock, s, jobs);
   }
-  *peers = expandable_.peers();
+  *peers = host_.Peers(*lock);
   return absl::OkStatus();
 }
 
-void PoolRestorer::PlanSegmentMaps(const CheckpointSegment& s, std::vector<MapJob>* jobs) {
-  Segment* segment = segments_.Find(s.base);
+void PoolRestorer::PlanSegmentMaps(const PoolLock& lock, const CheckpointSegment& s,
+                                   std::vector<MapJob>* jobs) {
+  Segment* segment = host_.FindSegment(lock, s.base);
   StreamShard& shard = *segment->shard;
   BlockPool& bp = *segment->pool;
   for (const auto& [begin, end] : MappedRanges(s)) {
@@ -214,9 +204,9 @@ void PoolRestorer::PlanSegmentMaps(const CheckpointSegment& s, std::vector<MapJo
       const DevicePtr e = std::min(end, u->end());
       bp.unmapped.erase(u->ptr);
       Block* mid = u;
-      if (e < u->end()) bp.unmapped.emplace(e, blocks_.SplitOff(shard, u, e));
+      if (e < u->end()) bp.unmapped.emplace(e, host_.SplitOff(lock, shard, u, e));
       if (b > u->ptr) {
-        mid = blocks_.SplitOff(shard, u, b);
+        mid = host_.SplitOff(lock, shard, u, b);
         bp.unmapped.emplace(u->ptr, u);
       }
       mid->in_flight = true;
@@ -229,23 +219,20 @@ void PoolRestorer::PlanSegmentMaps(const CheckpointSegment& s, std::vector<MapJo
 absl::Status PoolRestorer::Map(std::vector<MapJob>& jobs, const std::vector<int>& peers) {
   std::vector<ChunkPlacement> no_access;
   for (MapJob& job : jobs) {
-    absl::StatusOr<PhysicalHandle> h =
-        expandable_.CreateHandleOrReleaseCache(job.shard->pool, job.chunk.size);
+    absl::StatusOr<PhysicalHandle> h = host_.CreateHandle(job.shard->pool, job.chunk.size);
     if (!h.ok()) return h.status();
     job.chunk.handle = *h;
-    absl::Status s = MapChunks(driver_, std::span<const ChunkPlacement>(&job.chunk, 1), peers, &no_access);
+    absl::Status s = host_.MapChunk(job.chunk, peers, &no_access);
     if (!s.ok()) {
       // A chunk whose undo failed stays mapped without access: unmapped again below, else quarantined.
       job.mapped = job.no_access = !no_access.empty();
-      if (!job.mapped && !driver_.MemRelease(job.chunk.handle).ok()) {
-        MutexLock lock(&device_mu_);
-        expandable_.CacheHandle(job.chunk);  // released with the cache, or reused
+      if (!job.mapped && !host_.ReleaseHandle(job.chunk.handle).ok()) {
+        host_.LockAndCacheHandle(job.chunk);  // released with the cache, or reused
       }
       return s;
     }
     job.mapped = true;
-    expandable_.hooks().Map(PoolOf(*job.block->segment), job.chunk.ptr, job.chunk.size, job.chunk.handle,
-                            true);
+    host_.ReportMapped(*job.block->segment, job.chunk);
   }
   return absl::OkStatus();
 }
@@ -256,34 +243,31 @@ void PoolRestorer::UndoMaps(std::vector<MapJob>& jobs) {
   for (MapJob& job : jobs) {
     if (!job.mapped) continue;
     // Observers know of the chunks mapped with access (Map), not of one left without it.
-    const PoolId pool = PoolOf(*job.block->segment);
-    const ChunkPlacement& c = job.chunk;
-    if (!job.no_access) expandable_.hooks().Unmap(pool, c.ptr, c.size, c.handle, true);
-    if (driver_.MemUnmap(job.chunk.ptr, job.chunk.size).ok()) {
+    const Segment& segment = *job.block->segment;
+    if (!job.no_access) host_.ReportUnmapped(segment, job.chunk);
+    if (host_.UnmapChunk(job.chunk).ok()) {
       job.mapped = job.no_access = false;
-      MutexLock lock(&device_mu_);
-      expandable_.CacheHandle(job.chunk);
+      host_.LockAndCacheHandle(job.chunk);
     } else if (!job.no_access) {
-      expandable_.hooks().Map(pool, c.ptr, c.size, c.handle, true);
+      host_.ReportMapped(segment, job.chunk);
     }
   }
 }
 
 void PoolRestorer::SettleMaps(std::vector<MapJob>& jobs) {
-  PoolShardsLock lock(shards_, pool_, device_mu_);
+  const std::unique_ptr<PoolLock> lock = host_.LockPool(pool_);
   for (MapJob& job : jobs) {
-    if (job.mapped) segments_.ChunkMapped(job.block->segment, job.chunk);
-    expandable_.SettleInFlight(*job.shard, job.block, std::span<const ChunkPlacement>(&job.chunk, 1),
-                               std::vector<bool>{job.mapped}, std::vector<bool>{job.no_access});
+    if (job.mapped) host_.AccountMapped(*lock, job.block->segment, job.chunk);
+    host_.SettleInFlight(*lock, *job.shard, job.block, job.chunk, job.mapped, job.no_access);
   }
 }
 
 // ---- Phase 3: unmap chunks lying in ranges the checkpoint had unmapped. ----
 
-void PoolRestorer::PlanUnmaps(std::vector<UnmapJob>* jobs) {
+void PoolRestorer::PlanUnmaps(const PoolLock& lock, std::vector<UnmapJob>* jobs) {
   for (const CheckpointSegment& s : checkpoint_.segments) {
     if (!s.expandable) continue;
-    Segment* segment = segments_.Find(s.base);
+    Segment* segment = host_.FindSegment(lock, s.base);
     for (const auto& [begin, end] : UnmappedRanges(s)) {
       std::vector<ChunkPlacement> inside;
       for (const auto& [cb, chunk] : segment->vmm->chunks()) {
@@ -298,7 +282,8 @@ void PoolRestorer::PlanUnmaps(std::vector<UnmapJob>* jobs) {
       }
       for (const ChunkPlacement& c : inside) {
         Block* b = BlockContaining(segment, c.ptr);
-        jobs->push_back({segment->shard, blocks_.CarveRange(*segment->shard, b, c.ptr, c.ptr + c.size), c});
+        jobs->push_back(
+            {segment->shard, host_.CarveRange(lock, *segment->shard, b, c.ptr, c.ptr + c.size), c});
       }
     }
   }
@@ -310,33 +295,33 @@ void PoolRestorer::Unmap(std::vector<UnmapJob>& jobs) {
   // an unmap fails. The blocks restored to free may have been used by work still queued: it completes
   // before any unmap (an unmap is not stream-ordered). If the device cannot say it has, the chunks stay
   // mapped. Nor when a capture began since the call was admitted (synchronizing would break it).
-  MutexLock gate(&captures_.gate());
-  const bool device_idle = captures_.WaitForWorkBeforeUnmap(std::nullopt).ok();
-  for (UnmapJob& job : jobs) {
-    const PoolState* owner = job.shard->pool;
-    const ChunkPlacement& c = job.chunk;
-    const bool pinned = (owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0) ||
-                        expandable_.MustStayMapped(*job.block->segment, c.ptr, c.ptr + c.size);
-    if (!device_idle || pinned) continue;
-    const PoolId pool = PoolOf(*job.block->segment);
-    expandable_.hooks().Unmap(pool, c.ptr, c.size, c.handle, true);
-    job.unmapped = driver_.MemUnmap(c.ptr, c.size).ok();
-    if (!job.unmapped) expandable_.hooks().Map(pool, c.ptr, c.size, c.handle, true);
-  }
+  host_.WithUnmapGate([&](bool device_idle) {
+    for (UnmapJob& job : jobs) {
+      const PoolState* owner = job.shard->pool;
+      const ChunkPlacement& c = job.chunk;
+      const Segment& segment = *job.block->segment;
+      const bool pinned = (owner != nullptr && owner->pins.load(std::memory_order_acquire) > 0) ||
+                          host_.MustStayMapped(segment, c.ptr, c.ptr + c.size);
+      if (!device_idle || pinned) continue;
+      host_.ReportUnmapped(segment, c);
+      job.unmapped = host_.UnmapChunk(c).ok();
+      if (!job.unmapped) host_.ReportMapped(segment, c);
+    }
+  });
 }
 
 void PoolRestorer::SettleUnmaps(std::vector<UnmapJob>& jobs) {
-  PoolShardsLock lock(shards_, pool_, device_mu_);
+  const std::unique_ptr<PoolLock> lock = host_.LockPool(pool_);
   for (UnmapJob& job : jobs) {
     if (job.unmapped) {
-      segments_.ChunkUnmapped(job.block->segment, job.chunk);
+      host_.AccountUnmapped(*lock, job.block->segment, job.chunk);
       // Kept for the next growth, as any unmapped handle (released by EmptyCache or under pressure).
-      expandable_.CacheHandle(job.chunk);
+      host_.CacheHandle(*lock, job.chunk);
     } else {
       result_.bytes_left_mapped += job.chunk.size;
     }
-    expandable_.SettleInFlight(*job.shard, job.block, std::span<const ChunkPlacement>(&job.chunk, 1),
-                               std::vector<bool>{!job.unmapped});
+    host_.SettleInFlight(*lock, *job.shard, job.block, job.chunk, /*mapped=*/!job.unmapped,
+                         /*no_access=*/false);
   }
 }
 

@@ -15,49 +15,26 @@
 //   3. unmap  the chunks lying in ranges the checkpoint had unmapped: plan (locked, with phase 2), unmap
 //             (unlocked), settle (locked). A failure leaves the chunk mapped and free, reported in
 //             RestoreResult::bytes_left_mapped.
+// The restorer reaches the allocator only through a RestoreHost (restore_host.h). Each step marked locked
+// above holds one RestoreHost::PoolLock, the pool's shard locks and the device lock, for its whole extent.
 #ifndef GRAPHALLOC_ALLOCATOR_CORE_POOL_RESTORER_H_
 #define GRAPHALLOC_ALLOCATOR_CORE_POOL_RESTORER_H_
 
 #include <cstddef>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "graphalloc/allocator/base/mutex.h"
-#include "graphalloc/allocator/core/block_cache.h"
-#include "graphalloc/allocator/core/capture_tracker.h"
-#include "graphalloc/allocator/core/expandable_segments.h"
 #include "graphalloc/allocator/core/pool_checkpoint.h"
-#include "graphalloc/allocator/core/segment_ledger.h"
-#include "graphalloc/allocator/core/shard_table.h"
-#include "graphalloc/allocator/device/driver.h"
-#include "graphalloc/allocator/history/history_ring.h"
-#include "graphalloc/allocator/stats/stat_events.h"
+#include "graphalloc/allocator/core/restore_host.h"
 
 namespace graphalloc {
 
-// FailedPrecondition unless the pool of `lock`'s shards is quiet: no freed block waiting on stream events,
-// no memory being released, no block in flight, quarantined or being freed. Checkpoint and restore need it.
-absl::Status CheckPoolQuiet(const PoolShardsLock& lock, const SegmentLedger& segments,
-                            const ExpandableSegments& expandable);
-
 class PoolRestorer {
  public:
-  // What the allocator shares with it; all outlive it. `segments` is guarded by `device_mu`.
-  struct Parts {
-    Driver& driver;
-    HistoryRing& history;
-    ShardTable& shards;
-    BlockCache& blocks;
-    Mutex& device_mu;
-    SegmentLedger& segments;
-    ExpandableSegments& expandable;
-    CaptureTracker& captures;
-  };
-  // Restores `checkpoint` into `pool`; the caller has checked that the checkpoint is of that pool and that
-  // no capture is underway.
-  PoolRestorer(const Parts& parts, PoolId pool, const PoolCheckpoint& checkpoint);
+  // Restores `checkpoint` into `pool`, reaching the allocator only through `host` (restore_host.h), which
+  // outlives it; the caller has checked that the checkpoint is of that pool and that no capture is underway.
+  PoolRestorer(RestoreHost& host, PoolId pool, const PoolCheckpoint& checkpoint);
 
   absl::StatusOr<RestoreResult> Run();
 
@@ -65,17 +42,18 @@ class PoolRestorer {
   struct MapJob;
   struct UnmapJob;
   struct Rebuild;
+  using PoolLock = RestoreHost::PoolLock;
 
   // Validation (pool_restorer.cc).
   absl::Status ValidateShape() const;
-  absl::Status ValidateAgainstPool(const PoolShardsLock& lock) const;
+  absl::Status ValidateAgainstPool(const PoolLock& lock) const;
   // A handle-aligned segment's checkpointed live blocks must each fit one chunk, mapped now or by phase 1.
-  absl::Status CheckHandleAligned() const;
+  absl::Status CheckHandleAligned(const PoolLock& lock) const;
 
   // Phase 1 (pool_restorer.cc).
   absl::Status MapMissingRanges();
   absl::Status PlanMaps(std::vector<MapJob>* jobs, std::vector<int>* peers);
-  void PlanSegmentMaps(const CheckpointSegment& s, std::vector<MapJob>* jobs);
+  void PlanSegmentMaps(const PoolLock& lock, const CheckpointSegment& s, std::vector<MapJob>* jobs);
   absl::Status Map(std::vector<MapJob>& jobs, const std::vector<int>& peers);
   void UndoMaps(std::vector<MapJob>& jobs);
   void SettleMaps(std::vector<MapJob>& jobs);
@@ -89,18 +67,11 @@ class PoolRestorer {
   void Account(const Rebuild& r);
 
   // Phase 3 (pool_restorer.cc).
-  void PlanUnmaps(std::vector<UnmapJob>* jobs);
+  void PlanUnmaps(const PoolLock& lock, std::vector<UnmapJob>* jobs);
   void Unmap(std::vector<UnmapJob>& jobs);
   void SettleUnmaps(std::vector<UnmapJob>& jobs);
 
-  Driver& driver_;
-  HistoryRing& history_;
-  ShardTable& shards_;
-  BlockCache& blocks_;
-  Mutex& device_mu_;
-  SegmentLedger& segments_;
-  ExpandableSegments& expandable_;
-  CaptureTracker& captures_;
+  RestoreHost& host_;
   const PoolId pool_;
   const PoolCheckpoint& checkpoint_;
   RestoreResult result_;
