@@ -4,8 +4,9 @@
 // may touch, and under which lock, is written down in one place; a test can lend a fake.
 //
 // The blocks, segments and shards themselves (block.h, stream_shard.h) are the restore's to edit while it
-// holds the pool's lock: the interface lends what owns them (the shard table, the segment ledger, the block
-// cache, the expandable segments, the driver, the capture gate, the history), never those owners.
+// holds the pool's lock. The parts of the allocator that own them or guard them (the shard table, the
+// segment ledger, the block cache, the expandable segments, the driver, the capture gate, the history) are
+// never lent: only the few of their operations that a restore calls, below.
 //
 // Locks. A restore makes no driver call, and tells no mapping observer, with a lock held (the phases of
 // pool_restorer.h). What it plans and settles on the pool's blocks it does under one PoolLock, which holds
