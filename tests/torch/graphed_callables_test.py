@@ -16,8 +16,8 @@ import weakref
 
 import _common
 
-# A hang prints every thread's stack before CTest's timeout kills the process silently.
-faulthandler.dump_traceback_later(float(os.environ.get("GRAPHALLOC_TEST_HANG_S", "300")), exit=True)
+# A hang prints every thread's stack before CTest's timeout (600 s) kills the process silently.
+faulthandler.dump_traceback_later(float(os.environ.get("GRAPHALLOC_TEST_HANG_S", "570")), exit=True)
 _common.require_torch()
 import _backend_common  # noqa: E402
 
