@@ -133,8 +133,8 @@ def _add_note(error: BaseException, note: str) -> None:
 def _on_collected(natives) -> None:
     """weakref.finalize's callback when a front end's Python side is collected: its native part waits for a
     safe point. The collector runs wherever Python allocates, for example inside another front end's
-    recording, where giving the dead one's graph pool back to the device would wait for that very capture
-    to end; so nothing is destroyed here."""
+    recording, where the destructor's device synchronization would break that capture and its copies of the
+    outputs still held would be recorded into it; so nothing is destroyed here."""
     _collected.extend(natives)  # no lock: the collector may run while this thread holds any of them
 
 

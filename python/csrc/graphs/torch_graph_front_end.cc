@@ -38,9 +38,10 @@ GraphFrontEnd::GraphFrontEnd(const FrontEndOptions& options) : options_(options)
 }
 
 GraphFrontEnd::~GraphFrontEnd() {
-  handed_out_.PoisonAll("graphalloc: this tensor was an output of the CUDA graphs of '" + options_.name +
-                        "', which are gone, and it could not be kept (it was overwritten before, or the device "
-                        "had no memory for a copy when they went)");
+  handed_out_.PoisonAll(
+      "graphalloc: this tensor was an output of the CUDA graphs of '" + options_.name +
+      "', which are gone, and it could not be kept (it was overwritten before, or the device "
+      "had no memory for a copy when they went)");
 }
 
 void GraphFrontEnd::KeepHeldOutputs() noexcept {

@@ -178,30 +178,30 @@ void MoveToOwnMemory(c10::StorageImpl& storage, const graphalloc::OutputState& o
 
 }  // namespace
 
-// Entry by entry rather than with erase_if: when a copy throws, every entry not yet moved stays listed, for
-// PoisonAll or a later copy.
 void HandedOut::CopyOutOverwritten(c10::DeviceIndex device) {
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    c10::intrusive_ptr<c10::StorageImpl> storage = it->copy_out ? it->storage.lock() : nullptr;
-    const std::shared_ptr<graphalloc::OutputState> out = it->output.lock();
-    if (it->copy_out && !storage) {
-      it = entries_.erase(it);
-    } else if (storage && out != nullptr && !out->Current()) {  // (gone: poisoned by PoisonOverwritten)
-      MoveToOwnMemory(*storage, *out, device);
-      it = entries_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  MoveToOwnMemoryWhere(device, /*marked_only=*/true, /*current=*/false);
 }
 
 void HandedOut::CopyOutAllCurrent(c10::DeviceIndex device) {
+  MoveToOwnMemoryWhere(device, /*marked_only=*/false, /*current=*/true);
+}
+
+// Entry by entry rather than with erase_if: when a copy throws, every entry not yet moved stays listed, for
+// PoisonAll or a later copy.
+void HandedOut::MoveToOwnMemoryWhere(c10::DeviceIndex device, bool marked_only, bool current) {
   for (auto it = entries_.begin(); it != entries_.end();) {
+    if (marked_only && !it->copy_out) {
+      ++it;
+      continue;
+    }
     c10::intrusive_ptr<c10::StorageImpl> storage = it->storage.lock();
-    const std::shared_ptr<graphalloc::OutputState> out = it->output.lock();
     if (!storage) {
       it = entries_.erase(it);
-    } else if (out != nullptr && out->Current()) {  // (overwritten already: PoisonAll says so)
+      continue;
+    }
+    // An output that is gone is PoisonOverwritten's (or PoisonAll's), whatever is asked here.
+    const std::shared_ptr<graphalloc::OutputState> out = it->output.lock();
+    if (out != nullptr && out->Current() == current) {
       MoveToOwnMemory(*storage, *out, device);
       it = entries_.erase(it);
     } else {

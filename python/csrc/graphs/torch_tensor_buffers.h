@@ -83,8 +83,8 @@ class HandedOut {
   void CopyOutOverwritten(c10::DeviceIndex device);
   // The graphs are going away: moves every live storage whose output is still current, marked or not, to
   // memory of its own the same way, so that what the caller holds keeps its values, as a tensor of a
-  // deleted torch.cuda.graph does. What it leaves (outputs already overwritten, or all after an allocation
-  // threw, which it rethrows) is for PoisonAll.
+  // deleted torch.cuda.graph does. What it leaves (outputs already overwritten, or those not reached when an
+  // allocation threw, which it rethrows) is for PoisonAll.
   void CopyOutAllCurrent(c10::DeviceIndex device);
   // Poisons every live storage whose output is no longer current (the tree began another step, or is
   // gone), and forgets dead ones.
@@ -93,6 +93,10 @@ class HandedOut {
   void PoisonAll(const std::string& message);
 
  private:
+  // The two copy-outs: every live entry (marked by CopyOutOnOverwrite, with `marked_only`) whose output
+  // exists and is current or not, as `current` says, moves to memory of its own; dead entries are dropped.
+  void MoveToOwnMemoryWhere(c10::DeviceIndex device, bool marked_only, bool current);
+
   struct Entry {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     std::weak_ptr<graphalloc::OutputState> output;
