@@ -105,12 +105,9 @@ class GraphedStep::BackwardEpilogue {
   bool succeeded_ = false;
 };
 
-GraphedStep::GraphedStep(CachingAllocator& allocator, std::vector<StageSpec> stages, bool fixed_params,
+GraphedStep::GraphedStep(CachingAllocator& allocator, std::vector<StageSpec> stages,
                          std::vector<BufferView> params, GraphedStepOptions options)
-    : allocator_(allocator),
-      fixed_params_(fixed_params),
-      params_(std::move(params)),
-      options_(std::move(options)) {
+    : allocator_(allocator), params_(std::move(params)), options_(std::move(options)) {
   stages_.resize(stages.size());
   for (std::size_t i = 0; i < stages.size(); ++i) stages_[i].spec = std::move(stages[i]);
   if (options_.rng != nullptr) {
@@ -167,16 +164,15 @@ absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(CachingAllocato
           options.name, i));
     }
   }
-  return std::unique_ptr<GraphedStep>(new GraphedStep(allocator, std::move(stages), /*fixed_params=*/true,
-                                                      std::move(params), std::move(options)));
+  return std::unique_ptr<GraphedStep>(
+      new GraphedStep(allocator, std::move(stages), std::move(params), std::move(options)));
 }
 
 absl::StatusOr<std::unique_ptr<GraphedStep>> GraphedStep::Create(CachingAllocator& allocator,
                                                                  std::vector<StageSpec> stages,
                                                                  GraphedStepOptions options) {
   if (absl::Status s = Validate(stages, options); !s.ok()) return s;
-  return std::unique_ptr<GraphedStep>(
-      new GraphedStep(allocator, std::move(stages), /*fixed_params=*/false, {}, std::move(options)));
+  return std::unique_ptr<GraphedStep>(new GraphedStep(allocator, std::move(stages), {}, std::move(options)));
 }
 
 GraphedStep::~GraphedStep() {

@@ -257,8 +257,8 @@ class GraphedStep {
   struct Stage;
   class BackwardEpilogue;
 
-  GraphedStep(CachingAllocator& allocator, std::vector<StageSpec> stages, bool fixed_params,
-              std::vector<BufferView> params, GraphedStepOptions options);
+  GraphedStep(CachingAllocator& allocator, std::vector<StageSpec> stages, std::vector<BufferView> params,
+              GraphedStepOptions options);
   static absl::Status Validate(const std::vector<StageSpec>& stages, const GraphedStepOptions& options);
   // The lane a forward of `stage` with `inputs` joins (see the file comment), made if needed; `fresh` says
   // whether it begins a micro-batch there.
@@ -289,7 +289,6 @@ class GraphedStep {
   bool AnyRetained() const;
 
   CachingAllocator& allocator_;
-  const bool fixed_params_;  // Create(params, ...): every forward passes params_
   const std::vector<BufferView> params_;
   const GraphedStepOptions options_;
   std::vector<Stage> stages_;

@@ -74,8 +74,11 @@ inline bool FreeBlockTaken(DeviceStats& s, bool small, bool was_split, std::int6
   if (rest > 0 && was_split) {
     s.inactive_split_bytes.Decrease(small, taken);  // the rest stays counted, smaller
   } else if (rest > 0) {
-    // The segment splits now: its rest is an inactive split block.
-    return s.inactive_split.Increase(small, 1) | s.inactive_split_bytes.Increase(small, rest);
+    // The segment splits now: its rest is an inactive split block. Both counters move, whatever the first
+    // says (so not ||).
+    const bool blocks_peaked = s.inactive_split.Increase(small, 1);
+    const bool bytes_peaked = s.inactive_split_bytes.Increase(small, rest);
+    return blocks_peaked || bytes_peaked;
   } else if (was_split) {
     s.inactive_split.Decrease(small, 1);
     s.inactive_split_bytes.Decrease(small, taken);
@@ -88,8 +91,9 @@ inline bool FreeBlockTaken(DeviceStats& s, bool small, bool was_split, std::int6
 // `bytes_after` bytes.
 inline bool FreeBlockCoalesced(DeviceStats& s, bool small, std::int64_t merged, std::int64_t merged_bytes,
                                bool now_split, std::int64_t bytes_after) {
-  return Move(s.inactive_split, small, (now_split ? 1 : 0) - merged) |
-         Move(s.inactive_split_bytes, small, (now_split ? bytes_after : 0) - merged_bytes);
+  const bool blocks_peaked = Move(s.inactive_split, small, (now_split ? 1 : 0) - merged);
+  const bool bytes_peaked = Move(s.inactive_split_bytes, small, (now_split ? bytes_after : 0) - merged_bytes);
+  return blocks_peaked || bytes_peaked;
 }
 
 // The free neighbours of a block in a regular segment, as coalescing would merge them.
@@ -109,8 +113,9 @@ inline bool FreeRunChanged(DeviceStats& s, bool small, const FreeRunFigures& run
   const std::int64_t joined_bytes =
       run.whole_segment ? 0 : run.left_bytes + run.block_bytes + run.right_bytes;
   const std::int64_t sign = joining ? 1 : -1;
-  return Move(s.inactive_split, small, sign * (joined_blocks - apart_blocks)) |
-         Move(s.inactive_split_bytes, small, sign * (joined_bytes - apart_bytes));
+  const bool blocks_peaked = Move(s.inactive_split, small, sign * (joined_blocks - apart_blocks));
+  const bool bytes_peaked = Move(s.inactive_split_bytes, small, sign * (joined_bytes - apart_bytes));
+  return blocks_peaked || bytes_peaked;
 }
 
 // Blocks of one pool kind, added up for a bulk change (a pool restore replaces whole block chains).
