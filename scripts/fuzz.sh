@@ -10,6 +10,9 @@
 #
 #   GRAPHALLOC_FUZZ_SECONDS   core-seconds per fuzzer (default 45)
 #   GRAPHALLOC_FUZZ_BUILD_DIR build directory (default build-fuzz)
+#   GRAPHALLOC_FUZZ_CONFIGURED 1: the build directory is configured already, with clang, fuzzer-no-link,
+#                             ASan and UBSan and GRAPHALLOC_BUILD_FUZZERS=ON (the test command's asan
+#                             stage, scripts/test.sh): only the fuzzers are built there, if they are not yet
 #   GRAPHALLOC_FUZZERS        which fuzzers (default: all five)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,12 +26,19 @@ wall=$(((seconds * ${#fuzzers[@]} + jobs - 1) / jobs))
 # Debian's Abseil and GoogleTest are built by gcc against libstdc++, which clang uses too on Debian.
 # CUDA kernels, benchmarks and the CLI are not needed; GRAPHALLOC_BUILD_TESTS only provides tests/fuzz. A
 # unity build, as the other sanitizer stages (scripts/test.sh): building is most of this stage on two cores.
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON \
-  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DGRAPHALLOC_ENABLE_CUDA=OFF -DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_BUILD_TOOLS=OFF \
-  -DGRAPHALLOC_BUILD_TESTS=ON -DGRAPHALLOC_BUILD_FUZZERS=ON \
-  -DGRAPHALLOC_SANITIZE=fuzzer-no-link,address,undefined >/dev/null
+if [ "${GRAPHALLOC_FUZZ_CONFIGURED:-0}" != 1 ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1" \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DGRAPHALLOC_ENABLE_CUDA=OFF -DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_BUILD_TOOLS=OFF \
+    -DGRAPHALLOC_BUILD_TESTS=ON -DGRAPHALLOC_BUILD_FUZZERS=ON \
+    -DGRAPHALLOC_SANITIZE=fuzzer-no-link,address,undefined >/dev/null
+elif ! grep -q "^GRAPHALLOC_SANITIZE:STRING=fuzzer-no-link,address,undefined$" "$build/CMakeCache.txt" ||
+     ! grep -q "^GRAPHALLOC_BUILD_FUZZERS:BOOL=ON$" "$build/CMakeCache.txt"; then
+  echo "fuzz: $build is not configured for the fuzzers (GRAPHALLOC_FUZZ_CONFIGURED=1 needs clang," \
+       "GRAPHALLOC_SANITIZE=fuzzer-no-link,address,undefined and GRAPHALLOC_BUILD_FUZZERS=ON)" >&2
+  exit 2
+fi
 cmake --build "$build" -j "$jobs" --target "${fuzzers[@]}"
 
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:${ASAN_OPTIONS:-}"
