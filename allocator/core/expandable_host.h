@@ -19,7 +19,9 @@
 // Locks. Every lock ExpandableSegments takes, it takes here, as a scoped object held until it goes; the
 // lock order is the allocator's (shards in creation order, then the device lock), and the capture gate is
 // taken with no other lock. A growth or a release makes no driver call, and tells no mapping observer,
-// with a shard or device lock held (the capture gate may be held: an unmap waits for the device under it).
+// with a shard or device lock held (the capture gate may be held: an unmap waits for the device under it);
+// only at the allocator's end (ExpandableSegments::ReleaseCachedHandlesAtExit), when nothing else runs,
+// are the cached handles released under the device lock.
 // The operations on the coordinator's state do not take the lock as an argument, because the allocator's
 // other parts (PoolSleep, the restore host, the invariant checker) call ExpandableSegments' "device lock
 // held" methods, which reach them, under locks they took themselves; each says which lock it expects.
