@@ -39,13 +39,16 @@ class AllocatorExpandableHost final : public ExpandableHost {
     device_mu_.AssertHeld();
   }
 
-  DevicePtr AllocateBestFit(StreamShard& shard, const AllocationRequest& request) override;
+  DevicePtr AllocateBestFit(StreamShard& shard, const AllocationRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override;
   GrowthPlanner Planner(StreamShard& shard, BlockPool& pool, std::size_t size, std::size_t granularity,
-                        GrowthPlan* plan) override;
-  Block* SplitOff(StreamShard& shard, Block* b, DevicePtr at) override;
-  Block* CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end) override;
-  void ReturnToIndex(StreamShard& shard, Block* b) override;
-  void FlushQuickCache(StreamShard& shard) override;
+                        GrowthPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override;
+  Block* SplitOff(StreamShard& shard, Block* b, DevicePtr at)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override;
+  Block* CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override;
+  void ReturnToIndex(StreamShard& shard, Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override;
+  void FlushQuickCache(StreamShard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override;
 
   void AddReservation(Segment* segment) override;
   void RemoveReservation(Segment* segment) override;

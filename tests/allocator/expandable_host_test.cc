@@ -142,29 +142,32 @@ class RecordingHost final : public ExpandableHost {
   }
   void AssertDeviceLockHeld() const override { EXPECT_EQ(log_.device_locks, 1) << "device lock not held"; }
 
-  DevicePtr AllocateBestFit(StreamShard& shard, const AllocationRequest& request) override {
+  DevicePtr AllocateBestFit(StreamShard& shard, const AllocationRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override {
     ShardLocked("best_fit");
     return blocks.AllocateBestFit(shard, request);
   }
   GrowthPlanner Planner(StreamShard& shard, BlockPool& pool, std::size_t size, std::size_t granularity,
-                        GrowthPlan* plan) override {
+                        GrowthPlan* plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override {
     ShardLocked(absl::StrCat("planner ", Log::MiB(size)));
     return GrowthPlanner(shard, pool, blocks, size, granularity, plan);
   }
-  Block* SplitOff(StreamShard& shard, Block* b, DevicePtr at) override {
+  Block* SplitOff(StreamShard& shard, Block* b, DevicePtr at)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override {
     ShardLocked(absl::StrCat("split_off ", log_.At(at)));
     return blocks.SplitOff(shard, b, at);
   }
-  Block* CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end) override {
+  Block* CarveRange(StreamShard& shard, Block* b, DevicePtr begin, DevicePtr end)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override {
     ShardLocked(absl::StrCat("carve_range ", log_.At(begin), " ", Log::MiB(end - begin)));
     return blocks.CarveRange(shard, b, begin, end);
   }
-  void ReturnToIndex(StreamShard& shard, Block* b) override {
+  void ReturnToIndex(StreamShard& shard, Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override {
     ShardLocked(absl::StrCat("return_to_index ", log_.At(b->ptr), " ", Log::MiB(b->size),
                              b->mapped ? " mapped" : " unmapped"));
     blocks.ReturnToIndex(shard, b);
   }
-  void FlushQuickCache(StreamShard& shard) override {
+  void FlushQuickCache(StreamShard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) override {
     ShardLocked("flush_quick_cache");
     blocks.FlushQuickCache(shard);
   }
