@@ -91,8 +91,8 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       budget_(driver_->Info().total_memory),
       captures_(*driver_),
       hooks_(driver_->Info().ordinal),
-      expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_, hooks_,
-                   config_.handle_aligned, config_.shareable_handles}),
+      expandable_host_({shards_, blocks_, device_mu_, segments_, budget_, captures_}),
+      expandable_({expandable_host_, *driver_, hooks_, config_.handle_aligned, config_.shareable_handles}),
       sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
               [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
   MutexLock lock(&device_mu_);

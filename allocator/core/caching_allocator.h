@@ -21,7 +21,8 @@
 //   PoolRegistry                private pools, their users and pins                   (pool_registry.h)
 //   RouteTable, CaptureTracker  routes to pools, deferred frees, capture mode          (route_table.h,
 //                                                                                      capture_tracker.h)
-//   ExpandableSegments          growth and release of expandable segments             (expandable_segments.h)
+//   ExpandableSegments          growth and release of expandable segments, through    (expandable_segments.h,
+//                               the ExpandableHost the coordinator lends them         expandable_host.h)
 //   PoolRestorer                restoring a pool's checkpoint, in phases, through     (pool_restorer.h,
 //                               the RestoreHost the coordinator lends it              restore_host.h)
 //   PoolSleep                   sleep and wake of pools, in phases                    (pool_sleep.h)
@@ -48,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/core/allocation_request.h"
+#include "graphalloc/allocator/core/allocator_expandable_host.h"
 #include "graphalloc/allocator/core/block.h"
 #include "graphalloc/allocator/core/block_cache.h"
 #include "graphalloc/allocator/core/block_pool.h"
@@ -356,6 +358,9 @@ class CachingAllocator {
   RouteTable routes_;
   // Mapping observers and pinned ranges (mapping_hooks.h); its lock is a leaf.
   MappingHooks hooks_;
+  // What growth, release and quarantine repair of expandable segments may do to the parts above
+  // (expandable_host.h), lent to them instead of the parts.
+  AllocatorExpandableHost expandable_host_;
   // Growth and release of expandable segments, their handle cache, peers and quarantine
   // (expandable_segments.h).
   ExpandableSegments expandable_;

@@ -20,13 +20,8 @@
 namespace graphalloc {
 
 ExpandableSegments::ExpandableSegments(const Parts& parts)
-    : driver_(parts.driver),
-      shards_(parts.shards),
-      blocks_(parts.blocks),
-      device_mu_(parts.device_mu),
-      segments_(parts.segments),
-      budget_(parts.budget),
-      captures_(parts.captures),
+    : host_(parts.host),
+      driver_(parts.driver),
       hooks_(parts.hooks),
       reservation_(RoundUp(parts.driver.Info().total_memory, parts.driver.Info().granularity)),
       granularity_(parts.driver.Info().granularity),
@@ -50,18 +45,19 @@ absl::StatusOr<PhysicalHandle> ExpandableSegments::CreateHandleOrReleaseCache(co
   return h;
 }
 
-absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const AllocationRequest& request) {
+absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const AllocationRequest& request)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (request.size > reservation_) return DevicePtr{0};
   // A chunk left mapped without access by an earlier failure is fixed before more memory is mapped (it
   // may serve this request then). Not unmapped during a capture, which forbids freeing device memory.
-  (void)RepairQuarantinedChunks(/*may_unmap=*/!captures_.underway());
+  (void)RepairQuarantinedChunks(/*may_unmap=*/!host_.CaptureUnderway());
   GrowthAttempts attempts;
   while (attempts.NextPass()) {
     GrowthPlan plan;
     bool planned = false;
     {
-      SpinLockHolder lock(&shard.mu);
-      if (DevicePtr p = blocks_.AllocateBestFit(shard, request)) return p;
+      const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockShard(shard);
+      if (DevicePtr p = host_.AllocateBestFit(shard, request)) return p;
       planned = PlanGrowth(shard, shard.PoolFor(request.size), request.size, &plan);
     }
     if (!planned) {
@@ -80,10 +76,11 @@ absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const
   return DevicePtr{0};
 }
 
-absl::Status ExpandableSegments::CreateSegment(StreamShard& shard, bool small) {
+absl::Status ExpandableSegments::CreateSegment(StreamShard& shard,
+                                               bool small) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   absl::StatusOr<DevicePtr> base = driver_.AddressReserve(reservation_, 0);
   if (!base.ok()) return base.status();  // nothing was reserved: nothing to undo
-  SpinLockHolder shard_lock(&shard.mu);
+  const std::unique_ptr<ExpandableHost::Lock> shard_lock = host_.LockShard(shard);
   BlockPool& pool = small ? shard.small_pool : shard.large_pool;
   auto* segment = new Segment;
   segment->base = *base;
@@ -101,32 +98,31 @@ absl::Status ExpandableSegments::CreateSegment(StreamShard& shard, bool small) {
   block->mapped = false;
   segment->head = block;
   pool.unmapped.emplace(block->ptr, block);
-  MutexLock lock(&device_mu_);
-  segments_.AddReservation(segment);  // no segment/reserved stats: those follow mapped chunks
+  const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
+  host_.AddReservation(segment);  // no segment/reserved stats: those follow mapped chunks
   return absl::OkStatus();
 }
 
 bool ExpandableSegments::PlanGrowth(StreamShard& shard, BlockPool& pool, std::size_t size, GrowthPlan* plan) {
-  GrowthPlanner planner(shard, pool, blocks_, size, granularity_, plan);
+  GrowthPlanner planner = host_.Planner(shard, pool, size, granularity_, plan);
   if (!planner.TakeRange()) return false;
   // A pinned pool's free memory must stay where it is: graphs that replay into the pool write their
   // temporaries (free between replays) at the addresses they were captured with. And a move waits for the
   // stream's work (ExecuteGrowth), which a capture cannot do.
   const bool pinned = shard.pool != nullptr && shard.pool->pins.load(std::memory_order_acquire) > 0;
-  const bool capturing = captures_.underway();
+  const bool capturing = host_.CaptureUnderway();
   const bool communication = shard.pool != nullptr && shard.pool->options.communication;
   planner.FindIdleChunks(/*may_move=*/!pinned && !capturing && !communication, &hooks_);
-  MutexLock lock(&device_mu_);
-  const std::size_t reserved = segments_.reserved_bytes();
-  const std::size_t committed = budget_.Committed(reserved, handles_.bytes(), size);
+  const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
+  const std::size_t committed = host_.Committed(handles_.bytes(), size);
   // The cache mixes every pool's handles: unless all are exportable, a shareable pool creates its own.
   HandleCache none;
   const bool may_reuse = shareable_all_ || !Shareable(shard.pool);
   planner.SourceHoles(may_reuse ? handles_ : none,
-                      MaxNewChunkSize(size, planner.stranded(), committed, budget_.capacity(), granularity_));
+                      MaxNewChunkSize(size, planner.stranded(), committed, host_.Capacity(), granularity_));
   planner.CarveStolenChunks();
-  plan->over_limit = budget_.OverLimit(reserved, handles_.bytes(), plan->cached_bytes + plan->new_bytes);
-  budget_.BeginGrowth(plan->cached_bytes);
+  plan->over_limit = host_.OverLimit(handles_.bytes(), plan->cached_bytes + plan->new_bytes);
+  host_.BeginGrowth(plan->cached_bytes);
   plan->peers = peers_;
   return true;
 }
@@ -161,8 +157,8 @@ absl::Status ExpandableSegments::AdmitGrowth(const GrowthPlan& plan, bool* admit
     // Idle cached handles are the first thing to give back when the limit is near.
     if (absl::Status s = ReleaseCachedHandles(); !s.ok()) error = s;
   }
-  MutexLock lock(&device_mu_);
-  *admitted = budget_.AdmitNewHandles(segments_.reserved_bytes(), handles_.bytes(), plan.new_bytes);
+  const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
+  *admitted = host_.AdmitNewHandles(handles_.bytes(), plan.new_bytes);
   if (!*admitted && error.ok()) error = absl::ResourceExhaustedError("memory limit");
   return error;
 }
@@ -175,8 +171,8 @@ void ExpandableSegments::UnmapStolenChunks(StreamShard& shard, const GrowthPlan&
   // (it sees the capture).
   x.stolen_unmapped.assign(plan.stolen_chunks.size(), false);
   if (!x.error.ok() || plan.stolen_chunks.empty()) return;
-  MutexLock gate(&captures_.gate());
-  x.error = captures_.WaitForWorkBeforeUnmap(shard.stream);
+  const std::unique_ptr<ExpandableHost::UnmapGate> gate = host_.EnterUnmapGate();
+  x.error = gate->WaitForWorkBeforeUnmap(shard.stream);
   for (std::size_t i = 0; x.error.ok() && i < plan.stolen_chunks.size(); ++i) {
     const ChunkPlacement& c = plan.stolen_chunks[i];
     const PoolId pool = PoolOf(*plan.stolen[i]->segment);
@@ -197,7 +193,7 @@ void ExpandableSegments::ReleaseRetiredChunks(const GrowthPlan& plan, const Exec
   if (!plan.release_stolen) return;
   for (std::size_t i = 0; i < plan.stolen_chunks.size(); ++i) {
     if (!x.stolen_unmapped[i] || driver_.MemRelease(plan.stolen_chunks[i].handle).ok()) continue;
-    MutexLock lock(&device_mu_);
+    const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
     handles_.Put(plan.stolen_chunks[i].size, plan.stolen_chunks[i].handle);
   }
 }
@@ -276,14 +272,14 @@ void ExpandableSegments::NotifyMappedHoles(const GrowthPlan& plan, const Executi
 }
 
 void ExpandableSegments::SettleGrowth(StreamShard& shard, const GrowthPlan& plan, bool admitted,
-                                      const Execution& x) {
+                                      const Execution& x) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // Bookkeeping for unmaps first, then maps (so that the reserved peak never double counts).
-  SpinLockHolder shard_lock(&shard.mu);
-  MutexLock lock(&device_mu_);
-  budget_.EndGrowth(plan.cached_bytes + (admitted ? plan.new_bytes : 0));
+  const std::unique_ptr<ExpandableHost::Lock> shard_lock = host_.LockShard(shard);
+  const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
+  host_.EndGrowth(plan.cached_bytes + (admitted ? plan.new_bytes : 0));
   for (std::size_t i = 0; i < plan.stolen.size(); ++i) {
     Block* b = plan.stolen[i];
-    if (x.stolen_unmapped[i]) segments_.ChunkUnmapped(b->segment, plan.stolen_chunks[i]);
+    if (x.stolen_unmapped[i]) host_.ChunkUnmapped(b->segment, plan.stolen_chunks[i]);
     SettleInFlight(shard, b, std::span<const ChunkPlacement>(&plan.stolen_chunks[i], 1),
                    std::vector<bool>{!x.stolen_unmapped[i]});
   }
@@ -292,7 +288,7 @@ void ExpandableSegments::SettleGrowth(StreamShard& shard, const GrowthPlan& plan
     for (std::size_t k = 0; k < x.placed[i].size(); ++k) {
       const ChunkPlacement& c = x.placed[i][k];
       if (x.mapped[i][k]) {
-        segments_.ChunkMapped(b->segment, c);
+        host_.ChunkMapped(b->segment, c);
         continue;
       }
       // A handle that is not mapped (anymore) waits in the cache; a stolen one whose unmap failed is
@@ -306,7 +302,7 @@ void ExpandableSegments::SettleGrowth(StreamShard& shard, const GrowthPlan& plan
   }
   for (Block* b : plan.run) {
     b->in_flight = false;
-    blocks_.ReturnToIndex(shard, b);
+    host_.ReturnToIndex(shard, b);
   }
 }
 
@@ -314,10 +310,10 @@ absl::Status ExpandableSegments::AddPeer(int peer_ordinal) {
   std::vector<ChunkPlacement> chunks;
   std::vector<int> peers;
   {
-    AllShardsLock lock(shards_, device_mu_);
+    const std::unique_ptr<ExpandableHost::AllShards> lock = host_.LockAllShards();
     if (std::find(peers_.begin(), peers_.end(), peer_ordinal) == peers_.end()) peers_.push_back(peer_ordinal);
     peers = peers_;
-    for (const auto& [base, segment] : segments_) {
+    for (Segment* segment : host_.Segments()) {
       if (segment->vmm == nullptr) continue;
       for (const auto& [ptr, chunk] : segment->vmm->chunks())
         chunks.push_back({ptr, chunk.size, chunk.handle});

@@ -8,12 +8,12 @@
 
 namespace graphalloc {
 
-absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) {
+absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (quarantined_.load(std::memory_order_relaxed) == 0) return absl::OkStatus();
   std::vector<QuarantinedChunk> work;
   std::vector<int> peers;
   {
-    MutexLock lock(&device_mu_);
+    const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
     work.swap(quarantine_);  // the blocks stay in flight: this call owns them now
     quarantined_.store(0, std::memory_order_relaxed);
     peers = peers_;
@@ -43,10 +43,10 @@ absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) {
     Block* b = work[i].block;
     const ChunkPlacement& c = work[i].chunk;
     StreamShard& shard = *b->segment->shard;
-    SpinLockHolder shard_lock(&shard.mu);
-    MutexLock lock(&device_mu_);
+    const std::unique_ptr<ExpandableHost::Lock> shard_lock = host_.LockShard(shard);
+    const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
     if (outcomes[i] == kUnmapped) {
-      segments_.ChunkUnmapped(b->segment, c);
+      host_.ChunkUnmapped(b->segment, c);
       handles_.Put(c.size, c.handle);  // reused by the next growth, or released with the cache
     }
     SettleInFlight(shard, b, std::span<const ChunkPlacement>(&c, 1),
@@ -58,7 +58,7 @@ absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) {
 
 void ExpandableSegments::SettleInFlight(StreamShard& shard, Block* b, std::span<const ChunkPlacement> chunks,
                                         const std::vector<bool>& mapped, const std::vector<bool>& no_access) {
-  device_mu_.AssertHeld();
+  host_.AssertDeviceLockHeld();
   auto quarantined = [&](std::size_t i) { return !no_access.empty() && no_access[i]; };
   // Split where the mapped state changes and around each quarantined chunk (in a handle-aligned segment,
   // between any two mapped chunks too), then return each piece.
@@ -69,7 +69,7 @@ void ExpandableSegments::SettleInFlight(StreamShard& shard, Block* b, std::span<
   for (std::size_t i = 1; i < chunks.size(); ++i) {
     if (mapped[i] == mapped[i - 1] && !quarantined(i) && !quarantined(i - 1) && !(aligned && mapped[i]))
       continue;
-    Block* piece = blocks_.SplitOff(shard, pieces.back(), chunks[i].ptr);
+    Block* piece = host_.SplitOff(shard, pieces.back(), chunks[i].ptr);
     piece->mapped = mapped[i];
     pieces.push_back(piece);
     first_chunk.push_back(i);
@@ -83,40 +83,40 @@ void ExpandableSegments::SettleInFlight(StreamShard& shard, Block* b, std::span<
     }
   }
   for (Block* piece : pieces) {
-    if (!piece->in_flight) blocks_.ReturnToIndex(shard, piece);
+    if (!piece->in_flight) host_.ReturnToIndex(shard, piece);
   }
 }
 
 void ExpandableSegments::CacheHandle(const ChunkPlacement& handle) {
-  device_mu_.AssertHeld();
+  host_.AssertDeviceLockHeld();
   handles_.Put(handle.size, handle.handle);
 }
 
 bool ExpandableSegments::TakeCachedHandle(const PoolState* pool, std::size_t size, PhysicalHandle* handle) {
-  device_mu_.AssertHeld();
+  host_.AssertDeviceLockHeld();
   if (!shareable_all_ && Shareable(pool)) return false;  // the cache may hold handles that do not export
   return handles_.TakeExact(size, handle);
 }
 
 std::vector<int> ExpandableSegments::peers() const {
-  device_mu_.AssertHeld();
+  host_.AssertDeviceLockHeld();
   return peers_;
 }
 
 bool ExpandableSegments::IsQuarantined(const Block* block) const {
-  device_mu_.AssertHeld();
+  host_.AssertDeviceLockHeld();
   return block->in_flight && std::any_of(quarantine_.begin(), quarantine_.end(),
                                          [block](const QuarantinedChunk& q) { return q.block == block; });
 }
 
 bool ExpandableSegments::Accessible(DevicePtr chunk) const {
-  device_mu_.AssertHeld();
+  host_.AssertDeviceLockHeld();
   return std::none_of(quarantine_.begin(), quarantine_.end(),
                       [chunk](const QuarantinedChunk& q) { return q.chunk.ptr == chunk; });
 }
 
 absl::Status ExpandableSegments::CheckInvariants(std::size_t in_flight_blocks) const {
-  device_mu_.AssertHeld();
+  host_.AssertDeviceLockHeld();
   if (handles_.bytes() != handles_.RecomputeBytes()) {
     return InvariantViolation(absl::StrFormat("handle cache counts %d bytes, its handles add up to %d",
                                               handles_.bytes(), handles_.RecomputeBytes()));
@@ -131,7 +131,7 @@ absl::Status ExpandableSegments::CheckInvariants(std::size_t in_flight_blocks) c
   for (std::size_t i = 0; i < quarantine_.size(); ++i) {
     const QuarantinedChunk& q = quarantine_[i];
     const Block* b = q.block;
-    const bool listed = b->segment != nullptr && segments_.Find(b->segment->base) == b->segment;
+    const bool listed = b->segment != nullptr && host_.FindSegment(b->segment->base) == b->segment;
     if (!listed || !b->segment->expandable || !b->in_flight || !b->mapped || b->allocated ||
         b->ptr != q.chunk.ptr || b->size != q.chunk.size) {
       return InvariantViolation(absl::StrFormat(
@@ -151,9 +151,9 @@ absl::Status ExpandableSegments::CheckInvariants(std::size_t in_flight_blocks) c
     }
   }
   // Quarantined blocks stay in flight with no growth under way.
-  if (in_flight_blocks - quarantine_.size() == 0 && budget_.growth_in_flight() != 0) {
+  if (in_flight_blocks - quarantine_.size() == 0 && host_.GrowthInFlight() != 0) {
     return InvariantViolation(
-        absl::StrFormat("%d bytes counted as growing with no growth under way", budget_.growth_in_flight()));
+        absl::StrFormat("%d bytes counted as growing with no growth under way", host_.GrowthInFlight()));
   }
   return absl::OkStatus();
 }

@@ -41,11 +41,11 @@ absl::StatusOr<std::size_t> ExpandableSegments::Release(PoolId scope) {
 
 void ExpandableSegments::CarveIdleChunks(PoolId scope, std::vector<ReleaseJob>* jobs,
                                          std::vector<ChunkPlacement>* cached) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  AllShardsLock lock(shards_, device_mu_);
-  lock.ForEach([&](StreamShard* shard) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (!PoolRegistry::Releasable(shard->pool, scope)) return;
-    blocks_.FlushQuickCache(*shard);
-    for (BlockPool* pool : {&shard->large_pool, &shard->small_pool}) {
+  const std::unique_ptr<ExpandableHost::AllShards> lock = host_.LockAllShards();
+  lock->ForEach([&](StreamShard& shard) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (!PoolRegistry::Releasable(shard.pool, scope)) return;
+    host_.FlushQuickCache(shard);
+    for (BlockPool* pool : {&shard.large_pool, &shard.small_pool}) {
       std::vector<Block*> candidates;
       for (auto it = pool->LowerBound(granularity_); it != pool->blocks.end(); ++it) {
         // A sleeping pool's chunks are its sleep's and wake's to unmap and map (pool_sleep.h).
@@ -65,8 +65,8 @@ void ExpandableSegments::CarveIdleChunks(PoolId scope, std::vector<ReleaseJob>* 
         }
         for (auto run = runs.rbegin(); run != runs.rend(); ++run) {
           if (run->empty()) continue;
-          Block* mid = blocks_.CarveRange(*shard, b, run->front().ptr, run->back().ptr + run->back().size);
-          jobs->push_back({shard, mid, std::move(*run), {}});
+          Block* mid = host_.CarveRange(shard, b, run->front().ptr, run->back().ptr + run->back().size);
+          jobs->push_back({&shard, mid, std::move(*run), {}});
         }
       }
     }
@@ -80,10 +80,10 @@ absl::Status ExpandableSegments::UnmapJobs(std::vector<ReleaseJob>& jobs,
   // device finishes that work first (as PyTorch does before it unmaps). Without that, nothing is unmapped;
   // nor when a capture began since the caller checked (synchronizing would break it).
   absl::Status first_error;
-  MutexLock gate(&captures_.gate());
+  const std::unique_ptr<ExpandableHost::UnmapGate> gate = host_.EnterUnmapGate();
   bool device_idle = true;
   if (!jobs.empty()) {
-    absl::Status s = captures_.WaitForWorkBeforeUnmap(std::nullopt);
+    absl::Status s = gate->WaitForWorkBeforeUnmap(std::nullopt);
     device_idle = s.ok();
     if (!s.ok() && !absl::IsAborted(s)) first_error = s;
   }
@@ -110,18 +110,18 @@ std::size_t ExpandableSegments::SettleReleased(PoolId scope, std::vector<Release
                                                const std::vector<ChunkPlacement>& kept,
                                                std::vector<Segment*>* empty) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   std::size_t unmapped = 0;
-  AllShardsLock lock(shards_, device_mu_);
+  const std::unique_ptr<ExpandableHost::AllShards> lock = host_.LockAllShards();
   for (const ChunkPlacement& h : kept) handles_.Put(h.size, h.handle);
   for (ReleaseJob& job : jobs) {
     for (std::size_t i = 0; i < job.chunks.size(); ++i) {
       if (job.still_mapped[i]) continue;
-      segments_.ChunkUnmapped(job.block->segment, job.chunks[i]);
+      host_.ChunkUnmapped(job.block->segment, job.chunks[i]);
       unmapped += job.chunks[i].size;
     }
     SettleInFlight(*job.shard, job.block, job.chunks, job.still_mapped);
   }
   // Reservations left wholly unmapped go back to the device.
-  for (const auto& [base, segment] : segments_) {
+  for (Segment* segment : host_.Segments()) {
     const Block* head = segment->head;
     if (segment->vmm == nullptr || head->next != nullptr || head->mapped || head->in_flight) continue;
     if (!PoolRegistry::Releasable(segment->shard->pool, scope)) continue;
@@ -129,18 +129,19 @@ std::size_t ExpandableSegments::SettleReleased(PoolId scope, std::vector<Release
   }
   for (Segment* segment : *empty) {
     segment->pool->unmapped.erase(segment->head->ptr);
-    segments_.RemoveReservation(segment);
+    host_.RemoveReservation(segment);
     ++segment->shard->blocks_in_release;
   }
   return unmapped;
 }
 
-absl::Status ExpandableSegments::FreeReservations(const std::vector<Segment*>& empty) {
+absl::Status ExpandableSegments::FreeReservations(const std::vector<Segment*>& empty)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
   absl::Status first_error;
   for (Segment* segment : empty) {
     absl::Status s = driver_.AddressFree(segment->base, segment->size);
     StreamShard& shard = *segment->shard;
-    SpinLockHolder shard_lock(&shard.mu);
+    const std::unique_ptr<ExpandableHost::Lock> shard_lock = host_.LockShard(shard);
     --shard.blocks_in_release;
     if (s.ok()) {
       shard.arena.Delete(segment->head);
@@ -148,8 +149,8 @@ absl::Status ExpandableSegments::FreeReservations(const std::vector<Segment*>& e
       continue;
     }
     if (first_error.ok()) first_error = s;
-    MutexLock lock(&device_mu_);
-    segments_.AddReservation(segment);
+    const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
+    host_.AddReservation(segment);
     segment->pool->unmapped.emplace(segment->head->ptr, segment->head);
   }
   return first_error;
@@ -158,13 +159,13 @@ absl::Status ExpandableSegments::FreeReservations(const std::vector<Segment*>& e
 absl::Status ExpandableSegments::ReleaseCachedHandles() {
   std::vector<ChunkPlacement> handles;
   {
-    MutexLock lock(&device_mu_);
+    const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
     handles = handles_.TakeAll();
   }
   absl::Status first_error;
   const std::vector<ChunkPlacement> kept = ReleaseHandles(handles, &first_error);
   if (!kept.empty()) {
-    MutexLock lock(&device_mu_);
+    const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
     for (const ChunkPlacement& h : kept) handles_.Put(h.size, h.handle);
   }
   return first_error;
@@ -183,7 +184,7 @@ std::vector<ChunkPlacement> ExpandableSegments::ReleaseHandles(const std::vector
 }
 
 void ExpandableSegments::ReleaseCachedHandlesAtExit() {
-  MutexLock lock(&device_mu_);
+  const std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
   for (const ChunkPlacement& h : handles_.TakeAll()) (void)driver_.MemRelease(h.handle);
 }
 

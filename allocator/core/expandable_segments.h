@@ -16,8 +16,12 @@
 // merged with nothing) until RepairQuarantinedChunks() grants access or unmaps it (at the next growth,
 // release, checkpoint or restore). Snapshots show its range as mapped without access.
 //
-// The device lock is the allocator's: this class shares it (and the ledger and budget it guards) with the
-// allocator. Methods marked "device lock held" are called by the allocator's other parts with it held.
+// The allocator's state (its shards, blocks, segment ledger, memory budget, device lock and capture gate)
+// is reached only through the ExpandableHost it lends (expandable_host.h), which says for each operation
+// which lock it expects; every lock this class takes it takes there, as a scoped object (so the
+// thread-safety analysis cannot follow them: the functions that take them are not analysed). Its own
+// state (the handle cache, the peers, the quarantine) is guarded by the host's device lock. Methods marked
+// "device lock held" are called by the allocator's other parts with it held.
 #ifndef GRAPHALLOC_ALLOCATOR_CORE_EXPANDABLE_SEGMENTS_H_
 #define GRAPHALLOC_ALLOCATOR_CORE_EXPANDABLE_SEGMENTS_H_
 
@@ -29,32 +33,23 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/core/allocation_request.h"
-#include "graphalloc/allocator/core/block_cache.h"
-#include "graphalloc/allocator/core/capture_tracker.h"
+#include "graphalloc/allocator/core/expandable_host.h"
 #include "graphalloc/allocator/core/growth_plan.h"
 #include "graphalloc/allocator/core/handle_cache.h"
 #include "graphalloc/allocator/core/mapping_hooks.h"
-#include "graphalloc/allocator/core/memory_budget.h"
 #include "graphalloc/allocator/core/private_pool.h"
-#include "graphalloc/allocator/core/segment_ledger.h"
-#include "graphalloc/allocator/core/shard_table.h"
 #include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
 
 class ExpandableSegments {
  public:
-  // What the allocator shares with it; all outlive it. `segments` and `budget` are guarded by `device_mu`.
+  // What the allocator lends it; all outlive it. The coordinator's state only through `host`
+  // (expandable_host.h says why the driver and the mapping hooks are lent directly).
   struct Parts {
+    ExpandableHost& host;
     Driver& driver;
-    ShardTable& shards;
-    BlockCache& blocks;
-    Mutex& device_mu;
-    SegmentLedger& segments;
-    MemoryBudget& budget;
-    CaptureTracker& captures;
     MappingHooks& hooks;
     bool handle_aligned = false;     // Config::handle_aligned: every segment keeps blocks inside one handle
     bool shareable_handles = false;  // Config::shareable_handles
@@ -151,22 +146,19 @@ class ExpandableSegments {
   std::vector<ChunkPlacement> ReleaseHandles(const std::vector<ChunkPlacement>& handles,
                                              absl::Status* first_error);
 
+  ExpandableHost& host_;
   Driver& driver_;
-  ShardTable& shards_;
-  BlockCache& blocks_;
-  Mutex& device_mu_;
-  SegmentLedger& segments_ ABSL_GUARDED_BY(device_mu_);
-  MemoryBudget& budget_ ABSL_GUARDED_BY(device_mu_);
-  CaptureTracker& captures_;
   MappingHooks& hooks_;
   const std::size_t reservation_;  // the size of every reserved range: the device's memory, rounded up
   const std::size_t granularity_;
   const bool handle_aligned_;
   const bool shareable_all_;  // Config::shareable_handles: every handle, cached ones too, is exportable
-  // Unmapped physical handles kept for reuse (handle_cache.h).
-  HandleCache handles_ ABSL_GUARDED_BY(device_mu_);
-  std::vector<int> peers_ ABSL_GUARDED_BY(device_mu_);
-  std::vector<QuarantinedChunk> quarantine_ ABSL_GUARDED_BY(device_mu_);
+  // Guarded by the host's device lock (which this class takes through the host, and its callers hold
+  // where a method says "device lock held"): unmapped physical handles kept for reuse (handle_cache.h),
+  // the peers, the quarantine.
+  HandleCache handles_;
+  std::vector<int> peers_;
+  std::vector<QuarantinedChunk> quarantine_;
   std::atomic<std::size_t> quarantined_{0};  // quarantine_.size(), read without the lock
 };
 

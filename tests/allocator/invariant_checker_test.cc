@@ -8,6 +8,7 @@
 #include <string>
 
 #include "graphalloc/allocator/base/bytes.h"
+#include "graphalloc/allocator/core/allocator_expandable_host.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
 
@@ -22,8 +23,9 @@ class InvariantCheckerTest : public ::testing::Test {
     driver_ = std::move(*driver);
     captures_ = std::make_unique<CaptureTracker>(*driver_);
     budget_ = std::make_unique<MemoryBudget>(driver_->Info().total_memory);
-    expandable_ = std::make_unique<ExpandableSegments>(ExpandableSegments::Parts{
-        *driver_, shards_, blocks_, device_mu_, ledger_, *budget_, *captures_, hooks_});
+    host_ = std::make_unique<AllocatorExpandableHost>(
+        AllocatorExpandableHost::Parts{shards_, blocks_, device_mu_, ledger_, *budget_, *captures_});
+    expandable_ = std::make_unique<ExpandableSegments>(ExpandableSegments::Parts{*host_, *driver_, hooks_});
     MutexLock lock(&shards_.set_mu());
     shard_ = shards_.Add(kDefaultPool, kDefaultStream, nullptr);
   }
@@ -115,6 +117,7 @@ class InvariantCheckerTest : public ::testing::Test {
   std::unique_ptr<SimDriver> driver_;
   std::unique_ptr<CaptureTracker> captures_;
   std::unique_ptr<MemoryBudget> budget_;
+  std::unique_ptr<AllocatorExpandableHost> host_;
   std::unique_ptr<ExpandableSegments> expandable_;
   StreamShard* shard_ = nullptr;
   std::vector<std::unique_ptr<Segment>> segments_;
