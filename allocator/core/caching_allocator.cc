@@ -93,6 +93,7 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       hooks_(driver_->Info().ordinal),
       expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_, hooks_,
                    config_.handle_aligned, config_.shareable_handles}),
+      releaser_({*driver_, history_, device_mu_, segments_, hooks_}),
       sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
               [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
   MutexLock lock(&device_mu_);
@@ -142,7 +143,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     } else {
       if (segment->source == nullptr)
         hooks_.Unmap(pool, segment->base, segment->size, PhysicalHandle{}, false);
-      (void)FreeSegmentMemory(*segment);
+      (void)releaser_.FreeMemory(*segment);
     }
     delete segment;
   }
