@@ -94,8 +94,9 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       expandable_({*driver_, shards_, blocks_, device_mu_, segments_, budget_, captures_, hooks_,
                    config_.handle_aligned, config_.shareable_handles}),
       releaser_({*driver_, history_, device_mu_, segments_, hooks_}),
-      sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
-              [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
+      sleep_host_(
+          {*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_, releaser_}),
+      sleep_(sleep_host_) {
   MutexLock lock(&device_mu_);
   segments_.stats().max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
                                          ? -1

@@ -24,7 +24,8 @@
 //   ExpandableSegments          growth and release of expandable segments             (expandable_segments.h)
 //   PoolRestorer                restoring a pool's checkpoint, in phases, through     (pool_restorer.h,
 //                               the RestoreHost the coordinator lends it              restore_host.h)
-//   PoolSleep                   sleep and wake of pools, in phases                    (pool_sleep.h)
+//   PoolSleep                   sleep and wake of pools, in phases, through the       (pool_sleep.h,
+//                               SleepHost the coordinator lends it                    sleep_host.h)
 //   SegmentReleaser             freeing regular segments a release took out           (segment_releaser.h)
 //   InvariantChecker            CheckInvariants                                       (invariant_checker.h)
 //   PeakLedger                  exact device-wide peaks of the per-shard statistics   (peak_ledger.h)
@@ -49,6 +50,7 @@
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/core/allocation_request.h"
+#include "graphalloc/allocator/core/allocator_sleep_host.h"
 #include "graphalloc/allocator/core/block.h"
 #include "graphalloc/allocator/core/block_cache.h"
 #include "graphalloc/allocator/core/block_pool.h"
@@ -362,6 +364,9 @@ class CachingAllocator {
   ExpandableSegments expandable_;
   // Frees regular segments taken out of the cache (segment_releaser.h).
   SegmentReleaser releaser_;
+  // What the sleep and wake reach the allocator's parts through (sleep_host.h); declared before `sleep_`,
+  // which uses it until its end.
+  AllocatorSleepHost sleep_host_;
   // Sleeping pools and the sleep and wake sequences (pool_sleep.h).
   PoolSleep sleep_;
   // Holds per held block (HoldBlock); a block is here iff its `held` bit is set.
