@@ -27,9 +27,10 @@
 //             (or free it: WakeRequest::keep_backup_memory), mark the pool awake.
 //
 // PoolSleep reaches the allocator only through a SleepHost (sleep_host.h), which says what a sleep and a
-// wake may do to the allocator's parts and under which lock: each step above marked, in pool_sleep.cc, by
-// the SleepHost lock it holds (the shards' lock and the device lock, or the device lock alone), the capture
-// gate held from the first step to the last, and every driver call made with neither lock held.
+// wake may do to the allocator's parts and under which lock. A call holds the capture gate from its first
+// step to its last; each step that plans or settles holds one SleepHost lock for its whole extent (every
+// shard's lock with the device lock, or the device lock alone), so that it is one atomic step however many
+// calls it makes; the driver calls between them are made with neither lock held.
 //
 // Pinning host memory costs far more than copying into it (about 0.5 s per GiB against 20 ms on an H200:
 // docs/benchmarks.md), so a pool that sleeps with a backup again and again, as a trainer and an inference

@@ -138,13 +138,15 @@ class SleepHost {
   virtual void AccountAsleep(const ShardsLock& lock, Segment* segment, const ChunkPlacement& chunk) = 0;
   virtual void AccountAwake(const ShardsLock& lock, Segment* segment, const ChunkPlacement& chunk) = 0;
 
-  // ---- Pinned host memory for backups, and the copies (no lock held). ----
+  // ---- Pinned host memory for backups, and the copies. ----
+  // Pins `size` bytes of host memory for a backup. No lock held.
   virtual absl::StatusOr<void*> HostAlloc(std::size_t size) = 0;
+  // Frees memory HostAlloc() pinned. No lock held.
   virtual absl::Status HostFree(void* host) = 0;
   // Queues a copy of `size` bytes from `src` to `dst` (device or pinned host addresses) on the default
-  // stream.
+  // stream. No lock held.
   virtual absl::Status CopyAsync(DevicePtr dst, DevicePtr src, std::size_t size) = 0;
-  // Waits for every copy queued by CopyAsync().
+  // Waits for every copy queued by CopyAsync(). No lock held.
   virtual absl::Status SynchronizeCopies() = 0;
 };
 
