@@ -93,8 +93,10 @@ CachingAllocator::CachingAllocator(std::shared_ptr<Driver> driver, Config config
       hooks_(driver_->Info().ordinal),
       expandable_host_({shards_, blocks_, device_mu_, segments_, budget_, captures_}),
       expandable_({expandable_host_, *driver_, hooks_, config_.handle_aligned, config_.shareable_handles}),
-      sleep_({*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_,
-              [this](std::vector<Segment*> segments) { return ReleaseSegments(std::move(segments)); }}) {
+      releaser_({*driver_, history_, device_mu_, segments_, hooks_}),
+      sleep_host_(
+          {*driver_, shards_, blocks_, device_mu_, segments_, pools_, expandable_, captures_, releaser_}),
+      sleep_(sleep_host_) {
   MutexLock lock(&device_mu_);
   segments_.stats().max_split_size = config_.max_split_size == std::numeric_limits<std::size_t>::max()
                                          ? -1
@@ -142,7 +144,7 @@ CachingAllocator::~CachingAllocator() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     } else {
       if (segment->source == nullptr)
         hooks_.Unmap(pool, segment->base, segment->size, PhysicalHandle{}, false);
-      (void)FreeSegmentMemory(*segment);
+      (void)releaser_.FreeMemory(*segment);
     }
     delete segment;
   }

@@ -25,7 +25,9 @@
 //                               the ExpandableHost the coordinator lends them         expandable_host.h)
 //   PoolRestorer                restoring a pool's checkpoint, in phases, through     (pool_restorer.h,
 //                               the RestoreHost the coordinator lends it              restore_host.h)
-//   PoolSleep                   sleep and wake of pools, in phases                    (pool_sleep.h)
+//   PoolSleep                   sleep and wake of pools, in phases, through the       (pool_sleep.h,
+//                               SleepHost the coordinator lends it                    sleep_host.h)
+//   SegmentReleaser             freeing regular segments a release took out           (segment_releaser.h)
 //   InvariantChecker            CheckInvariants                                       (invariant_checker.h)
 //   PeakLedger                  exact device-wide peaks of the per-shard statistics   (peak_ledger.h)
 // What stays here: finding a request's shard and a pointer's owner, the slow path's order of retries
@@ -50,6 +52,7 @@
 #include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/core/allocation_request.h"
 #include "graphalloc/allocator/core/allocator_expandable_host.h"
+#include "graphalloc/allocator/core/allocator_sleep_host.h"
 #include "graphalloc/allocator/core/block.h"
 #include "graphalloc/allocator/core/block_cache.h"
 #include "graphalloc/allocator/core/block_pool.h"
@@ -66,6 +69,7 @@
 #include "graphalloc/allocator/core/private_pool.h"
 #include "graphalloc/allocator/core/route_table.h"
 #include "graphalloc/allocator/core/segment_ledger.h"
+#include "graphalloc/allocator/core/segment_releaser.h"
 #include "graphalloc/allocator/core/segment_source.h"
 #include "graphalloc/allocator/core/shard_table.h"
 #include "graphalloc/allocator/core/stream_shard.h"
@@ -283,9 +287,8 @@ class CachingAllocator {
   // that pool only, unless pinned by a graph.
   absl::StatusOr<std::size_t> ReleaseCachedSegments(bool only_oversize, std::size_t wanted,
                                                     PoolId scope = kDefaultPool);
+  // Frees the segments a release path took out of the cache (SegmentReleaser::Release).
   absl::Status ReleaseSegments(std::vector<Segment*> segments);
-  // Returns a regular segment's memory to where it came from: the driver, or the pool's segment source.
-  absl::Status FreeSegmentMemory(const Segment& segment);
   absl::StatusOr<std::size_t> GarbageCollect();
 
   // The out-of-memory error for `request` of `pool`, explained (oom_report.h); counted and recorded.
@@ -364,6 +367,11 @@ class CachingAllocator {
   // Growth and release of expandable segments, their handle cache, peers and quarantine
   // (expandable_segments.h).
   ExpandableSegments expandable_;
+  // Frees regular segments taken out of the cache (segment_releaser.h).
+  SegmentReleaser releaser_;
+  // What the sleep and wake reach the allocator's parts through (sleep_host.h); declared before `sleep_`,
+  // which uses it until its end.
+  AllocatorSleepHost sleep_host_;
   // Sleeping pools and the sleep and wake sequences (pool_sleep.h).
   PoolSleep sleep_;
   // Holds per held block (HoldBlock); a block is here iff its `held` bit is set.

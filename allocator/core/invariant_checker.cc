@@ -73,7 +73,7 @@ absl::Status InvariantChecker::Run() {
   std::size_t in_flight = 0;
   for (const auto& [shard, e] : expected_) in_flight += e.in_flight_blocks;
   GRAPHALLOC_RETURN_IF_ERROR(parts_.expandable.CheckInvariants(in_flight));
-  if (parts_.sleep != nullptr) GRAPHALLOC_RETURN_IF_ERROR(parts_.sleep->CheckInvariants());
+  if (parts_.sleep != nullptr) GRAPHALLOC_RETURN_IF_ERROR(parts_.sleep->CheckInvariants(parts_.segments));
   GRAPHALLOC_RETURN_IF_ERROR(
       CompareStats("device", parts_.segments.stats(), device_expected_, /*block_stats=*/false));
   absl::Status shard_status;

@@ -2,6 +2,7 @@
 #include "graphalloc/allocator/core/pool_sleep.h"
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <utility>
 
@@ -72,38 +73,29 @@ struct PoolSleep::WakeJob {
   bool keep_backup_memory = true;
 };
 
-PoolSleep::PoolSleep(const Parts& parts)
-    : driver_(parts.driver),
-      shards_(parts.shards),
-      blocks_(parts.blocks),
-      device_mu_(parts.device_mu),
-      segments_(parts.segments),
-      pools_(parts.pools),
-      expandable_(parts.expandable),
-      captures_(parts.captures),
-      release_segments_(parts.release_segments) {}
+PoolSleep::PoolSleep(SleepHost& host) : host_(host) {}
 
-PoolSleep::~PoolSleep() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  // At the allocator's end: backups nobody will restore go, errors ignored.
+PoolSleep::~PoolSleep() {
+  // At the allocator's end (no other thread left): backups nobody will restore go, errors ignored.
   for (auto& [id, record] : records_) {
-    if (record.backup != nullptr) (void)driver_.HostFree(record.backup);
+    if (record.backup != nullptr) (void)host_.HostFree(record.backup);
   }
-  for (const auto& [id, kept] : kept_) (void)driver_.HostFree(kept.host);
-  for (void* host : stray_backups_) (void)driver_.HostFree(host);
+  for (const auto& [id, kept] : kept_) (void)host_.HostFree(kept.host);
+  for (void* host : stray_backups_) (void)host_.HostFree(host);
 }
 
 absl::Status PoolSleep::FreeKeptBackups() {
   absl::btree_map<PoolId, KeptBackup> kept;
   {
-    MutexLock lock(&device_mu_);
+    const std::unique_ptr<DeviceLock> lock = host_.LockDevice();
     kept.swap(kept_);
   }
   absl::Status first_error;
   for (auto& [id, buffer] : kept) {
-    absl::Status s = driver_.HostFree(buffer.host);
+    absl::Status s = host_.HostFree(buffer.host);
     if (s.ok()) continue;
     if (first_error.ok()) first_error = s;
-    MutexLock lock(&device_mu_);
+    const std::unique_ptr<DeviceLock> lock = host_.LockDevice();
     kept_.emplace(id, buffer);
   }
   return first_error;
@@ -115,8 +107,8 @@ bool PoolSleep::InPool(const Segment* segment, PoolId pool) {
 }
 
 void PoolSleep::FreeBackup(void* host) {
-  if (driver_.HostFree(host).ok()) return;
-  MutexLock lock(&device_mu_);
+  if (host_.HostFree(host).ok()) return;
+  const std::unique_ptr<DeviceLock> lock = host_.LockDevice();
   stray_backups_.push_back(host);
 }
 
@@ -144,48 +136,49 @@ absl::Status PoolSleep::CheckAwake(PoolId pool) const {
       PoolName(pool, it->second), " is asleep: Wake() it before allocating from it (frees are allowed)"));
 }
 
-SleepState PoolSleep::StateOf(PoolId pool) const {
-  device_mu_.AssertHeld();
+SleepState PoolSleep::StateOf(PoolId pool, const SegmentLedger& segments) const {
   SleepState state;
   if (auto kept = kept_.find(pool); kept != kept_.end()) state.backup_bytes = kept->second.capacity;
   auto it = records_.find(pool);
   if (it == records_.end()) return state;
   state.asleep = true;
   state.backup_bytes += it->second.backup_capacity;
-  for (const auto& [base, segment] : segments_) {
+  for (const auto& [base, segment] : segments) {
     if (segment->vmm != nullptr && InPool(segment, pool))
       state.sleeping_bytes += segment->vmm->sleeping_bytes();
   }
   return state;
 }
 
-absl::StatusOr<std::vector<PoolSleep::Target>> PoolSleep::Resolve(const SleepScope& scope,
+absl::StatusOr<std::vector<PoolSleep::Target>> PoolSleep::Resolve(const DeviceLock& lock,
+                                                                  const SleepScope& scope,
                                                                   bool asleep) const {
   std::vector<Target> all;
   switch (scope.kind) {
     case SleepScope::Kind::kAll:
       all.push_back({kDefaultPool, "", SleepMode::kDiscard});
-      pools_.ForEach([&](PoolId id, const PoolState& pool) { all.push_back({id, pool.options.tag, {}}); });
+      for (SleepHost::Pool& pool : host_.PrivatePools(lock))
+        all.push_back({pool.id, std::move(pool.tag), {}});
       // A pool that went while asleep (it had no memory left to keep it) is woken with the rest: that
       // drops its record and frees its backup.
       for (const auto& [id, record] : records_) {
-        if (id != kDefaultPool && pools_.Find(id) == nullptr) all.push_back({id, record.tag, {}});
+        if (id != kDefaultPool && !host_.PoolTag(lock, id).has_value()) all.push_back({id, record.tag, {}});
       }
       std::sort(all.begin(), all.end(), [](const Target& a, const Target& b) { return a.id < b.id; });
       break;
     case SleepScope::Kind::kPool:
       if (scope.pool == kDefaultPool) {
         all.push_back({kDefaultPool, "", SleepMode::kDiscard});
-      } else if (const PoolState* pool = pools_.Find(scope.pool)) {
-        all.push_back({scope.pool, pool->options.tag, {}});
+      } else if (std::optional<std::string> tag = host_.PoolTag(lock, scope.pool)) {
+        all.push_back({scope.pool, *std::move(tag), {}});
       } else {
         return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", scope.pool));
       }
       break;
     case SleepScope::Kind::kTag:
-      pools_.ForEach([&](PoolId id, const PoolState& pool) {
-        if (pool.options.tag == scope.tag) all.push_back({id, pool.options.tag, {}});
-      });
+      for (SleepHost::Pool& pool : host_.PrivatePools(lock)) {
+        if (pool.tag == scope.tag) all.push_back({pool.id, std::move(pool.tag), {}});
+      }
       if (all.empty()) return absl::NotFoundError(absl::StrFormat("no pool has the tag '%s'", scope.tag));
       break;
   }
@@ -198,7 +191,8 @@ absl::StatusOr<std::vector<PoolSleep::Target>> PoolSleep::Resolve(const SleepSco
 
 // ---- Sleep. ----
 
-absl::Status PoolSleep::CheckNotPinned(const Segment& segment, const Target& t) const {
+absl::Status PoolSleep::CheckNotPinned(const ShardsLock& /*lock*/, const Segment& segment,
+                                       const Target& t) const {
   // A pinned chunk must stay mapped (CachingAllocator::PinMapping), and a communication pool's all do.
   auto pinned = [&](DevicePtr ptr, std::size_t size) {
     const PoolState* pool = segment.shard->pool;
@@ -209,12 +203,12 @@ absl::Status PoolSleep::CheckNotPinned(const Segment& segment, const Target& t) 
         communication ? "communication pools do not sleep" : "unpin it before the pool sleeps"));
   };
   if (segment.vmm == nullptr) {
-    if (expandable_.MustStayMapped(segment, segment.base, segment.base + segment.size))
+    if (host_.MustStayMapped(segment, segment.base, segment.base + segment.size))
       return pinned(segment.base, segment.size);
     return absl::OkStatus();
   }
   for (const auto& [ptr, chunk] : segment.vmm->chunks()) {
-    if (expandable_.MustStayMapped(segment, ptr, ptr + chunk.size)) return pinned(ptr, chunk.size);
+    if (host_.MustStayMapped(segment, ptr, ptr + chunk.size)) return pinned(ptr, chunk.size);
   }
   return absl::OkStatus();
 }
@@ -222,16 +216,16 @@ absl::Status PoolSleep::CheckNotPinned(const Segment& segment, const Target& t) 
 absl::StatusOr<SleepResult> PoolSleep::Sleep(const SleepRequest& request) {
   MutexLock call(&call_mu_);
   // Held throughout: no capture begins while memory it might use is unmapped.
-  MutexLock gate(&captures_.gate());
-  if (captures_.underway()) {
+  const std::unique_ptr<GateLock> gate = host_.LockCaptureGate();
+  if (host_.CaptureUnderway(*gate)) {
     return absl::FailedPreconditionError(
         "Sleep during a CUDA graph capture: unmapping memory is illegal while capturing; call it after the "
         "capture ends");
   }
   SleepJob job;
   {
-    MutexLock lock(&device_mu_);
-    absl::StatusOr<std::vector<Target>> targets = Resolve(request.scope, /*asleep=*/false);
+    const std::unique_ptr<DeviceLock> lock = host_.LockDevice();
+    absl::StatusOr<std::vector<Target>> targets = Resolve(*lock, request.scope, /*asleep=*/false);
     if (!targets.ok()) return targets.status();
     job.targets = *std::move(targets);
   }
@@ -241,7 +235,7 @@ absl::StatusOr<SleepResult> PoolSleep::Sleep(const SleepRequest& request) {
     t.mode = mode != request.pool_modes.end() ? mode->second : request.mode;
     MarkAsleep(t.id, t.tag);  // allocations routed to it fail from now on
   }
-  if (absl::Status s = Prepare(request, job.targets, job); !s.ok()) {
+  if (absl::Status s = Prepare(*gate, request, job.targets, job); !s.ok()) {
     Abandon(job);
     return s;
   }
@@ -256,23 +250,21 @@ absl::StatusOr<SleepResult> PoolSleep::Sleep(const SleepRequest& request) {
   return result;
 }
 
-absl::Status PoolSleep::Prepare(const SleepRequest& request, std::vector<Target>& targets,
-                                SleepJob& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+// The shards' fields it reads and writes are guarded by their locks, which the ShardsLock holds: the analysis
+// cannot see through the interface (here and in Abandon).
+absl::Status PoolSleep::Prepare(const GateLock& gate, const SleepRequest& request,
+                                std::vector<Target>& targets, SleepJob& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   // The unmap is not stream-ordered: work queued on the memory (on any stream: blocks may be recorded on
   // others) finishes first.
-  if (absl::Status s = captures_.WaitForWorkBeforeUnmap(std::nullopt); !s.ok()) return s;
+  if (absl::Status s = host_.WaitForDevice(gate); !s.ok()) return s;
   {
-    AllShardsLock lock(shards_, device_mu_);
-    lock.ForEach([&](StreamShard* shard) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      for (const Target& t : targets) {
-        if ((shard->pool == nullptr ? kDefaultPool : shard->pool->id) == t.id)
-          blocks_.FlushQuickCache(*shard);
-      }
-    });
+    const std::unique_ptr<ShardsLock> lock = host_.LockAllShards();
+    std::vector<PoolId> ids;
+    for (const Target& t : targets) ids.push_back(t.id);
+    host_.FlushQuickCaches(*lock, ids);
     for (const Target& t : targets) {
       std::string regular;  // the pool's regular segments that cannot go, described
-      for (const auto& [base, segment] : segments_) {
-        if (!InPool(segment, t.id)) continue;
+      for (Segment* segment : host_.SegmentsOf(*lock, t.id)) {
         if (segment->shard->blocks_in_release > 0) {
           return absl::FailedPreconditionError(absl::StrCat("Sleep: memory of ", PoolName(t.id, t.tag),
                                                             " is being released by another thread; retry"));
@@ -291,7 +283,7 @@ absl::Status PoolSleep::Prepare(const SleepRequest& request, std::vector<Target>
                 b->ptr, PoolName(t.id, t.tag)));
           }
         }
-        if (absl::Status s = CheckNotPinned(*segment, t); !s.ok()) return s;
+        if (absl::Status s = CheckNotPinned(*lock, *segment, t); !s.ok()) return s;
         if (segment->expandable) continue;
         const Block* head = segment->head;
         const bool wholly_free = head->next == nullptr && !head->allocated && head->event_count == 0;
@@ -310,26 +302,25 @@ absl::Status PoolSleep::Prepare(const SleepRequest& request, std::vector<Target>
     }
     // Every check passed: from here on the pools' state changes.
     for (const Target& t : targets) {
-      for (const auto& [base, segment] : segments_) {
-        if (!InPool(segment, t.id) || segment->expandable) continue;
+      for (Segment* segment : host_.SegmentsOf(*lock, t.id)) {
+        if (segment->expandable) continue;
         segment->pool->Erase(segment->head);
         ++segment->shard->blocks_in_release;
         job.regular.push_back(segment);
       }
     }
-    for (Segment* segment : job.regular) segments_.Unlink(segment);
+    for (Segment* segment : job.regular) host_.Unlink(*lock, segment);
   }
   if (!job.regular.empty()) {
     // A segment the device refuses to free is cached again as before; the pool then cannot sleep.
     std::vector<Segment*> regular = std::move(job.regular);
     job.regular.clear();
-    GRAPHALLOC_RETURN_IF_ERROR(release_segments_(std::move(regular)));
+    GRAPHALLOC_RETURN_IF_ERROR(host_.ReleaseSegments(std::move(regular)));
   }
-  AllShardsLock lock(shards_, device_mu_);
+  const std::unique_ptr<ShardsLock> lock = host_.LockAllShards();
   for (const Target& t : targets) {
     SleepJob::Backup backup{t.id, nullptr, 0, 0, false, {}};
-    for (const auto& [base, segment] : segments_) {
-      if (!InPool(segment, t.id)) continue;
+    for (Segment* segment : host_.SegmentsOf(*lock, t.id)) {
       if (!segment->expandable) {
         return absl::FailedPreconditionError(absl::StrFormat(
             "Sleep: %s gained regular segment 0x%x meanwhile", PoolName(t.id, t.tag), segment->base));
@@ -358,7 +349,7 @@ absl::Status PoolSleep::BackUp(SleepJob& job) {
   for (SleepJob::Backup& b : job.backups) {
     KeptBackup kept;
     {
-      MutexLock lock(&device_mu_);
+      const std::unique_ptr<DeviceLock> lock = host_.LockDevice();
       if (auto it = kept_.find(b.pool); it != kept_.end()) {
         kept = it->second;
         kept_.erase(it);
@@ -371,7 +362,7 @@ absl::Status PoolSleep::BackUp(SleepJob& job) {
     } else {
       // Too small for what the pool holds now: a new buffer replaces it.
       if (kept.host != nullptr) FreeBackup(kept.host);
-      absl::StatusOr<void*> host = driver_.HostAlloc(b.size);
+      absl::StatusOr<void*> host = host_.HostAlloc(b.size);
       if (!host.ok()) {
         error = host.status();
         break;
@@ -380,8 +371,8 @@ absl::Status PoolSleep::BackUp(SleepJob& job) {
       b.capacity = b.size;
     }
     for (const BackupRange& r : b.ranges) {
-      error = driver_.CopyAsync(reinterpret_cast<DevicePtr>(static_cast<char*>(b.host) + r.offset), r.ptr,
-                                r.size, kDefaultStream);
+      error =
+          host_.CopyAsync(reinterpret_cast<DevicePtr>(static_cast<char*>(b.host) + r.offset), r.ptr, r.size);
       if (!error.ok()) break;
       queued = true;
     }
@@ -389,18 +380,18 @@ absl::Status PoolSleep::BackUp(SleepJob& job) {
   }
   // The copies must have landed before the memory goes (or, after a failure, before the backup does).
   if (queued) {
-    absl::Status s = driver_.StreamSynchronize(kDefaultStream);
+    absl::Status s = host_.SynchronizeCopies();
     if (!s.ok() && error.ok()) error = s;
   }
   return error;
 }
 
-void PoolSleep::Abandon(SleepJob& job) {
+void PoolSleep::Abandon(SleepJob& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (!job.regular.empty()) {
     // Unlinked but not freed (a failure came before): cached again, as they were.
-    AllShardsLock lock(shards_, device_mu_);
+    const std::unique_ptr<ShardsLock> lock = host_.LockAllShards();
     for (Segment* segment : job.regular) {
-      segments_.Link(segment);
+      host_.Link(*lock, segment);
       segment->pool->Insert(segment->head);
       --segment->shard->blocks_in_release;
     }
@@ -408,14 +399,14 @@ void PoolSleep::Abandon(SleepJob& job) {
   for (SleepJob::Backup& b : job.backups) {
     if (b.host == nullptr) continue;
     if (b.reused) {  // the pool's kept buffer, kept again
-      MutexLock lock(&device_mu_);
+      const std::unique_ptr<DeviceLock> lock = host_.LockDevice();
       kept_.emplace(b.pool, KeptBackup{b.host, b.capacity});
       continue;
     }
     FreeBackup(b.host);
   }
   {
-    AllShardsLock lock(shards_, device_mu_);
+    const std::unique_ptr<ShardsLock> lock = host_.LockAllShards();
     for (Segment* segment : job.marked) segment->vmm->set_asleep(false);
   }
   for (const Target& t : job.targets) MarkAwake(t.id);
@@ -423,30 +414,28 @@ void PoolSleep::Abandon(SleepJob& job) {
 
 void PoolSleep::UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status* error) {
   std::size_t stuck_bytes = 0;
-  MappingHooks& hooks = expandable_.hooks();
   for (SleepJob::Chunk& c : job.chunks) {
-    const PoolId pool = PoolOf(*c.segment);
-    hooks.Unmap(pool, c.chunk.ptr, c.chunk.size, c.chunk.handle, true);
-    absl::Status s = driver_.MemUnmap(c.chunk.ptr, c.chunk.size);
+    host_.ReportUnmapped(*c.segment, c.chunk);
+    absl::Status s = host_.UnmapChunk(c.chunk);
     if (!s.ok()) {
-      hooks.Map(pool, c.chunk.ptr, c.chunk.size, c.chunk.handle, true);  // still mapped, asleep
+      host_.ReportMapped(*c.segment, c.chunk);  // still mapped, asleep
       if (error->ok()) *error = s;
       stuck_bytes += c.chunk.size;
       continue;
     }
     c.unmapped = true;
-    s = driver_.MemRelease(c.chunk.handle);
+    s = host_.ReleaseHandle(c.chunk.handle);
     c.released = s.ok();
     if (!s.ok() && error->ok()) *error = s;
   }
-  AllShardsLock lock(shards_, device_mu_);
+  const std::unique_ptr<ShardsLock> lock = host_.LockAllShards();
   for (const SleepJob::Chunk& c : job.chunks) {
     if (!c.unmapped) continue;  // stays mapped and reserved: the pool sleeps with it
-    segments_.ChunkAsleep(c.segment, c.chunk);
+    host_.AccountAsleep(*lock, c.segment, c.chunk);
     if (c.released) {
       result->bytes_released += c.chunk.size;
     } else {
-      expandable_.CacheHandle(c.chunk);  // not leaked: EmptyCache releases it
+      host_.CacheHandle(*lock, c.chunk);  // not leaked: EmptyCache releases it
     }
   }
   for (const Target& t : job.targets) {
@@ -472,10 +461,10 @@ void PoolSleep::UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status*
 
 // ---- Wake. ----
 
-absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) {
   MutexLock call(&call_mu_);
-  MutexLock gate(&captures_.gate());
-  if (captures_.underway()) {
+  const std::unique_ptr<GateLock> gate = host_.LockCaptureGate();
+  if (host_.CaptureUnderway(*gate)) {
     return absl::FailedPreconditionError(
         "Wake during a CUDA graph capture: mapping memory is illegal while capturing; call it after the "
         "capture ends");
@@ -483,24 +472,24 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
   WakeJob job;
   job.keep_backup_memory = request.keep_backup_memory;
   {
-    AllShardsLock lock(shards_, device_mu_);
-    absl::StatusOr<std::vector<Target>> targets = Resolve(request.scope, /*asleep=*/true);
+    const std::unique_ptr<ShardsLock> lock = host_.LockAllShards();
+    absl::StatusOr<std::vector<Target>> targets = Resolve(*lock, request.scope, /*asleep=*/true);
     if (!targets.ok()) return targets.status();
     job.targets = *std::move(targets);
     for (const Target& t : job.targets) {
       const Record& record = records_.at(t.id);
-      for (const auto& [base, segment] : segments_) {
-        if (segment->vmm == nullptr || !InPool(segment, t.id)) continue;
+      for (Segment* segment : host_.SegmentsOf(*lock, t.id)) {
+        if (segment->vmm == nullptr) continue;
         for (const auto& [ptr, chunk] : segment->vmm->sleeping_chunks()) {
           WakeJob::Chunk c{segment, {ptr, chunk.size, chunk.handle}, chunk.mapped, chunk.mapped};
           if (!c.has_handle)
-            c.has_handle = expandable_.TakeCachedHandle(segment->shard->pool, chunk.size, &c.chunk.handle);
+            c.has_handle = host_.TakeCachedHandle(*lock, *segment, chunk.size, &c.chunk.handle);
           job.chunks.push_back(c);
         }
       }
       // Only blocks still allocated are restored: a block freed while asleep has nothing worth keeping.
       for (const BackupRange& r : record.ranges) {
-        const Segment* segment = segments_.Containing(r.ptr);
+        const Segment* segment = host_.SegmentContaining(*lock, r.ptr);
         if (segment == nullptr) continue;  // cannot happen: a sleeping segment keeps its reservation
         for (const Block* b = segment->head; b != nullptr; b = b->next) {
           if (b->ptr != r.ptr) continue;
@@ -523,8 +512,7 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
     // Mapped and accessible, before any block of it is handed out (a chunk mapped before this wake was
     // reported then).
     for (const WakeJob::Chunk& c : job.chunks) {
-      if (c.mapped_now)
-        expandable_.hooks().Map(PoolOf(*c.segment), c.chunk.ptr, c.chunk.size, c.chunk.handle, true);
+      if (c.mapped_now) host_.ReportMapped(*c.segment, c.chunk);
     }
   }
   SettleWake(job, &result, &error);
@@ -535,23 +523,23 @@ absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) ABSL_NO_T
 absl::Status PoolSleep::MapAll(WakeJob& job) {
   std::vector<int> peers;
   {
-    MutexLock lock(&device_mu_);
-    peers = expandable_.peers();
+    const std::unique_ptr<DeviceLock> lock = host_.LockDevice();
+    peers = host_.Peers(*lock);
   }
   for (WakeJob::Chunk& c : job.chunks) {
     if (c.was_mapped) continue;
     if (!c.has_handle) {
-      absl::StatusOr<PhysicalHandle> handle = expandable_.CreateHandle(c.segment->shard->pool, c.chunk.size);
+      absl::StatusOr<PhysicalHandle> handle = host_.CreateHandle(*c.segment, c.chunk.size);
       if (!handle.ok()) return handle.status();
       c.chunk.handle = *handle;
       c.has_handle = c.created = true;
     }
-    GRAPHALLOC_RETURN_IF_ERROR(driver_.MemMap(c.chunk.ptr, c.chunk.size, c.chunk.handle));
+    GRAPHALLOC_RETURN_IF_ERROR(host_.MapChunk(c.chunk));
     c.mapped_now = true;
   }
   // Access last, once everything is mapped: a chunk left mapped by an earlier failure gets it here too.
   for (const WakeJob::Chunk& c : job.chunks) {
-    GRAPHALLOC_RETURN_IF_ERROR(driver_.MemSetAccess(c.chunk.ptr, c.chunk.size, peers));
+    GRAPHALLOC_RETURN_IF_ERROR(host_.SetAccess(c.chunk, peers));
   }
   return absl::OkStatus();
 }
@@ -560,28 +548,26 @@ absl::Status PoolSleep::Restore(WakeJob& job, WakeResult* result) {
   absl::Status error;
   bool queued = false;
   for (const WakeJob::Restore& r : job.restores) {
-    error = driver_.CopyAsync(r.ptr, reinterpret_cast<DevicePtr>(r.host), r.size, kDefaultStream);
+    error = host_.CopyAsync(r.ptr, reinterpret_cast<DevicePtr>(r.host), r.size);
     if (!error.ok()) break;
     queued = true;
     result->bytes_restored += r.size;
   }
   // Landed before Wake returns (the memory is then ready for any stream), or before a failure unmaps it.
   if (queued) {
-    absl::Status s = driver_.StreamSynchronize(kDefaultStream);
+    absl::Status s = host_.SynchronizeCopies();
     if (!s.ok() && error.ok()) error = s;
   }
   return error;
 }
 
 void PoolSleep::UndoMaps(WakeJob& job) {
-  MappingHooks& hooks = expandable_.hooks();
   for (WakeJob::Chunk& c : job.chunks) {
     if (!c.mapped_now && !c.was_mapped) continue;
     // Observers know of a chunk mapped before this wake, not yet of one this wake mapped.
-    const PoolId pool = PoolOf(*c.segment);
-    if (c.was_mapped) hooks.Unmap(pool, c.chunk.ptr, c.chunk.size, c.chunk.handle, true);
-    if (!driver_.MemUnmap(c.chunk.ptr, c.chunk.size).ok()) {
-      hooks.Map(pool, c.chunk.ptr, c.chunk.size, c.chunk.handle, true);
+    if (c.was_mapped) host_.ReportUnmapped(*c.segment, c.chunk);
+    if (!host_.UnmapChunk(c.chunk).ok()) {
+      host_.ReportMapped(*c.segment, c.chunk);
       c.mapped_now = c.was_mapped = true;  // stays mapped, asleep: the next wake reuses it
       continue;
     }
@@ -591,14 +577,14 @@ void PoolSleep::UndoMaps(WakeJob& job) {
     if (!c.has_handle || c.mapped_now) continue;
     // Unmapped now: the handle goes back to the device, or (refused) to the cache, where EmptyCache
     // retries it.
-    if (driver_.MemRelease(c.chunk.handle).ok()) c.has_handle = false;
+    if (host_.ReleaseHandle(c.chunk.handle).ok()) c.has_handle = false;
   }
 }
 
 void PoolSleep::SettleWake(WakeJob& job, WakeResult* result, absl::Status* error) {
   std::vector<void*> backups;
   {
-    AllShardsLock lock(shards_, device_mu_);
+    const std::unique_ptr<ShardsLock> lock = host_.LockAllShards();
     if (!error->ok()) {
       for (const WakeJob::Chunk& c : job.chunks) {
         if (c.mapped_now) {
@@ -606,24 +592,25 @@ void PoolSleep::SettleWake(WakeJob& job, WakeResult* result, absl::Status* error
           continue;
         }
         c.segment->vmm->SetSleepingMapping(c.chunk.ptr, false, {});
-        if (c.has_handle) expandable_.CacheHandle(c.chunk);
+        if (c.has_handle) host_.CacheHandle(*lock, c.chunk);
       }
       *error = absl::Status(
           error->code(), absl::StrCat("Wake: the pools stay asleep, their backups kept: ", error->message()));
       return;
     }
     for (const WakeJob::Chunk& c : job.chunks) {
-      segments_.ChunkAwake(c.segment, c.chunk);
+      host_.AccountAwake(*lock, c.segment, c.chunk);
       result->bytes_mapped += c.chunk.size;
     }
     for (const Target& t : job.targets) {
-      for (const auto& [base, segment] : segments_) {
-        if (segment->vmm != nullptr && InPool(segment, t.id)) segment->vmm->set_asleep(false);
+      for (Segment* segment : host_.SegmentsOf(*lock, t.id)) {
+        if (segment->vmm != nullptr) segment->vmm->set_asleep(false);
       }
       auto it = records_.find(t.id);
       const Record& record = it->second;
       // A pool gone while asleep will not sleep again.
-      const bool keep = job.keep_backup_memory && (t.id == kDefaultPool || pools_.Find(t.id) != nullptr);
+      const bool keep =
+          job.keep_backup_memory && (t.id == kDefaultPool || host_.PoolTag(*lock, t.id).has_value());
       // The pool has no kept buffer now: its backed-up sleep took it (CheckInvariants).
       if (record.backup != nullptr && keep) {
         kept_.emplace(t.id, KeptBackup{record.backup, record.backup_capacity});
@@ -636,20 +623,18 @@ void PoolSleep::SettleWake(WakeJob& job, WakeResult* result, absl::Status* error
   }
   for (const Target& t : job.targets) MarkAwake(t.id);
   for (void* host : backups) {
-    absl::Status s = driver_.HostFree(host);
+    absl::Status s = host_.HostFree(host);
     if (s.ok()) continue;
     if (error->ok()) *error = s;
-    MutexLock lock(&device_mu_);
+    const std::unique_ptr<DeviceLock> lock = host_.LockDevice();
     stray_backups_.push_back(host);
   }
 }
 
 // ---- Invariants. ----
 
-absl::Status PoolSleep::CheckInvariants() const {
-  device_mu_.AssertHeld();
-  absl::btree_map<PoolId, std::size_t> sleeping;
-  for (const auto& [base, segment] : segments_) {
+absl::Status PoolSleep::CheckInvariants(const SegmentLedger& segments) const {
+  for (const auto& [base, segment] : segments) {
     if (segment->vmm == nullptr) continue;
     const PoolId pool = segment->shard->pool == nullptr ? kDefaultPool : segment->shard->pool->id;
     std::size_t bytes = 0;

@@ -26,6 +26,12 @@
 //          3. account the chunks as mapped, keep the backup's pinned memory for the next backed-up sleep
 //             (or free it: WakeRequest::keep_backup_memory), mark the pool awake.
 //
+// PoolSleep reaches the allocator only through a SleepHost (sleep_host.h), which says what a sleep and a
+// wake may do to the allocator's parts and under which lock. A call holds the capture gate from its first
+// step to its last; each step that plans or settles holds one SleepHost lock for its whole extent (every
+// shard's lock with the device lock, or the device lock alone), so that it is one atomic step however many
+// calls it makes; the driver calls between them are made with neither lock held.
+//
 // Pinning host memory costs far more than copying into it (about 0.5 s per GiB against 20 ms on an H200:
 // docs/benchmarks.md), so a pool that sleeps with a backup again and again, as a trainer and an inference
 // engine time-sharing a GPU do, pays it once: the wake keeps the pool's pinned buffer, and the next sleep
@@ -36,7 +42,6 @@
 
 #include <atomic>
 #include <cstddef>
-#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,13 +51,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/base/mutex.h"
-#include "graphalloc/allocator/core/block_cache.h"
-#include "graphalloc/allocator/core/capture_tracker.h"
-#include "graphalloc/allocator/core/expandable_segments.h"
-#include "graphalloc/allocator/core/pool_registry.h"
 #include "graphalloc/allocator/core/private_pool.h"
 #include "graphalloc/allocator/core/segment_ledger.h"
-#include "graphalloc/allocator/core/shard_table.h"
+#include "graphalloc/allocator/core/sleep_host.h"
 #include "graphalloc/allocator/device/driver.h"
 
 namespace graphalloc {
@@ -120,20 +121,8 @@ struct SleepState {
 
 class PoolSleep {
  public:
-  // What the allocator shares with it; all outlive it. `segments` and `pools` are guarded by `device_mu`.
-  struct Parts {
-    Driver& driver;
-    ShardTable& shards;
-    BlockCache& blocks;
-    Mutex& device_mu;
-    SegmentLedger& segments;
-    PoolRegistry& pools;
-    ExpandableSegments& expandable;
-    CaptureTracker& captures;
-    // Frees regular segments already unlinked from the ledger (CachingAllocator::ReleaseSegments).
-    std::function<absl::Status(std::vector<Segment*>)> release_segments;
-  };
-  explicit PoolSleep(const Parts& parts);
+  // Reaches the allocator only through `host` (sleep_host.h), which outlives it.
+  explicit PoolSleep(SleepHost& host);
   // Frees every backup and kept buffer still held.
   ~PoolSleep();
   PoolSleep(const PoolSleep&) = delete;
@@ -151,13 +140,16 @@ class PoolSleep {
   // OK, or the FailedPrecondition an allocation routed to `pool` gets while it sleeps.
   absl::Status CheckAwake(PoolId pool) const;
   bool IsAsleep(PoolId pool) const;
-  // The pool's sleep figures. Device lock held.
-  SleepState StateOf(PoolId pool) const;
+  // The pool's sleep figures. Device lock held by the caller, which lends its ledger for the call.
+  SleepState StateOf(PoolId pool, const SegmentLedger& segments) const;
   // Sleeping chunks only in sleeping pools' segments, their bytes as the pools' records say, backups as
-  // large as what they hold. Device lock held (with every shard).
-  absl::Status CheckInvariants() const;
+  // large as what they hold. Device lock held (with every shard) by the caller, which lends its ledger.
+  absl::Status CheckInvariants(const SegmentLedger& segments) const;
 
  private:
+  using GateLock = SleepHost::GateLock;
+  using DeviceLock = SleepHost::DeviceLock;
+  using ShardsLock = SleepHost::ShardsLock;
   struct BackupRange {
     DevicePtr ptr = 0;  // a block allocated when the sleep began
     std::size_t size = 0;
@@ -181,18 +173,19 @@ class PoolSleep {
   struct WakeJob;
 
   // The pools of `scope` (awake ones for a sleep, asleep ones for a wake); NotFound for a pool or tag that
-  // names none. Device lock held.
-  absl::StatusOr<std::vector<Target>> Resolve(const SleepScope& scope, bool asleep) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(device_mu_);
-  // Sleep phases.
-  absl::Status Prepare(const SleepRequest& request, std::vector<Target>& targets, SleepJob& job);
+  // names none.
+  absl::StatusOr<std::vector<Target>> Resolve(const DeviceLock& lock, const SleepScope& scope,
+                                              bool asleep) const;
+  // Sleep phases (the gate held throughout).
+  absl::Status Prepare(const GateLock& gate, const SleepRequest& request, std::vector<Target>& targets,
+                       SleepJob& job);
   // FailedPrecondition, naming the pool and chunk, when a chunk of `segment` must stay mapped (pinned, or a
-  // communication pool's). Device lock held.
-  absl::Status CheckNotPinned(const Segment& segment, const Target& t) const;
+  // communication pool's).
+  absl::Status CheckNotPinned(const ShardsLock& lock, const Segment& segment, const Target& t) const;
   absl::Status BackUp(SleepJob& job);
   void UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status* error);
   void Abandon(SleepJob& job);
-  // Wake phases.
+  // Wake phases (the gate held throughout).
   absl::Status MapAll(WakeJob& job);
   absl::Status Restore(WakeJob& job, WakeResult* result);
   void UndoMaps(WakeJob& job);
@@ -205,24 +198,18 @@ class PoolSleep {
   // Whether `segment` belongs to `pool`.
   static bool InPool(const Segment* segment, PoolId pool);
 
-  Driver& driver_;
-  ShardTable& shards_;
-  BlockCache& blocks_;
-  Mutex& device_mu_;
-  SegmentLedger& segments_ ABSL_GUARDED_BY(device_mu_);
-  PoolRegistry& pools_ ABSL_GUARDED_BY(device_mu_);
-  ExpandableSegments& expandable_;
-  CaptureTracker& captures_;
-  const std::function<absl::Status(std::vector<Segment*>)> release_segments_;
+  SleepHost& host_;
 
   // One Sleep or Wake at a time: each runs driver calls with no lock held between its phases.
   Mutex call_mu_;
-  // The sleeping pools' records (those of a sleep under way included).
-  absl::btree_map<PoolId, Record> records_ ABSL_GUARDED_BY(device_mu_);
-  // Backups the driver refused to free (HostFree failed); freed with the allocator.
-  std::vector<void*> stray_backups_ ABSL_GUARDED_BY(device_mu_);
-  // Awake pools' pinned buffers, kept for their next backed-up sleep.
-  absl::btree_map<PoolId, KeptBackup> kept_ ABSL_GUARDED_BY(device_mu_);
+  // Guarded by the device lock: read and written only while a SleepHost::DeviceLock (or ShardsLock) is
+  // alive, or by StateOf() and CheckInvariants(), whose callers hold the device lock. The sleeping pools'
+  // records (those of a sleep under way included).
+  absl::btree_map<PoolId, Record> records_;
+  // Backups the driver refused to free (HostFree failed); freed with the allocator. Device lock.
+  std::vector<void*> stray_backups_;
+  // Awake pools' pinned buffers, kept for their next backed-up sleep. Device lock.
+  absl::btree_map<PoolId, KeptBackup> kept_;
   // The sleeping pools and their tags, for the allocation path: a leaf lock, so that allocations from
   // awake pools never wait for the device lock while some pool sleeps.
   mutable SpinLock asleep_mu_;

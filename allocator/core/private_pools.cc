@@ -97,7 +97,7 @@ absl::StatusOr<PoolStats> CachingAllocator::GetPoolStats(PoolId id) const {
       if (expandable_.MustStayMapped(*segment, ptr, ptr + chunk.size)) stats.pinned_bytes += chunk.size;
     }
   }
-  const SleepState sleep = sleep_.StateOf(id);
+  const SleepState sleep = sleep_.StateOf(id, segments_);
   stats.asleep = sleep.asleep;
   stats.sleeping_bytes = sleep.sleeping_bytes;
   stats.backup_bytes = sleep.backup_bytes;
@@ -115,7 +115,7 @@ absl::StatusOr<SleepState> CachingAllocator::GetSleepState(PoolId pool) const {
   if (pool != kDefaultPool && pools_.Find(pool) == nullptr) {
     return absl::NotFoundError(absl::StrFormat("private pool %d does not exist", pool));
   }
-  return sleep_.StateOf(pool);
+  return sleep_.StateOf(pool, segments_);
 }
 
 absl::Status CachingAllocator::SetPoolUseOnOom(PoolId id, bool use_on_oom) {
