@@ -21,6 +21,11 @@ absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) ABSL_NO
   enum Outcome { kAccessible, kUnmapped, kStillQuarantined };
   std::vector<Outcome> outcomes(work.size(), kStillQuarantined);
   absl::Status first_error;
+  // Entered at the first unmap, and the capture question asked again inside it: a capture may have begun
+  // since the caller asked (EmptyCache in one thread, a capture beginning in another), and an unmap during
+  // one would break it. Captures begin under the gate, so inside it the answer holds until it is left. No
+  // wait for the device: a quarantined chunk was never handed out, so no work uses it.
+  std::unique_ptr<ExpandableHost::UnmapGate> gate;
   for (std::size_t i = 0; i < work.size(); ++i) {
     const ChunkPlacement& c = work[i].chunk;
     absl::Status s = driver_.MemSetAccess(c.ptr, c.size, peers);
@@ -29,6 +34,10 @@ absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) ABSL_NO
       // Accessible now, and about to be handed out: its first report.
       hooks_.Map(PoolOf(*work[i].block->segment), c.ptr, c.size, c.handle, true);
       continue;
+    }
+    if (may_unmap && gate == nullptr) {
+      gate = host_.EnterUnmapGate();
+      may_unmap = !host_.CaptureUnderway();
     }
     if (may_unmap) {
       s = driver_.MemUnmap(c.ptr, c.size);
@@ -39,6 +48,7 @@ absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) ABSL_NO
     }
     if (first_error.ok()) first_error = s;
   }
+  gate.reset();
   for (std::size_t i = 0; i < work.size(); ++i) {
     Block* b = work[i].block;
     const ChunkPlacement& c = work[i].chunk;

@@ -230,8 +230,10 @@ class RecordingHost final : public ExpandableHost {
 
   bool CaptureUnderway() const override {
     log_.Add("capture_underway");
-    return false;
+    return capturing;
   }
+
+  bool capturing = false;  // what CaptureUnderway() answers
 
   // The real parts (the tests reach them directly, with the host's locks taken where they need them).
   Config config;
@@ -467,7 +469,9 @@ TEST_F(ExpandableHostTest, ARepairThatCannotGrantAccessUnmapsTheChunkAndCachesIt
   log_.Take();
   driver_->sim().InjectFault(SimCall::kMemSetAccess, 1, DriverResult::kOutOfMemory);
   ASSERT_OK(expandable_->RepairQuarantinedChunks(/*may_unmap=*/true));
-  EXPECT_THAT(log_.Take(), ElementsAre("lock device", "unlock device", "MemSetAccess @2 2M", "MemUnmap @2 2M",
+  EXPECT_THAT(log_.Take(), ElementsAre("lock device", "unlock device", "MemSetAccess @2 2M",
+                                       // unmapped under the gate, once it is sure no capture is underway
+                                       "enter gate", "capture_underway", "MemUnmap @2 2M", "leave gate",
                                        "lock shard", "lock device", "chunk_unmapped @2 2M",
                                        "return_to_index @2 2M unmapped", "unlock device", "unlock shard"));
   EXPECT_EQ(driver_->sim().Counters().mappings, 1u);
@@ -476,6 +480,36 @@ TEST_F(ExpandableHostTest, ARepairThatCannotGrantAccessUnmapsTheChunkAndCachesIt
   PhysicalHandle cached{};
   EXPECT_TRUE(expandable_->TakeCachedHandle(nullptr, 2 * kMiB, &cached));
   expandable_->CacheHandle({0, 2 * kMiB, cached});
+}
+
+// EmptyCache in one thread asks whether a capture is underway, then a capture begins in another before the
+// repair unmaps: the repair asks again inside the gate, and the chunk stays quarantined until the capture
+// has ended.
+TEST_F(ExpandableHostTest, ARepairDoesNotUnmapWhileACaptureIsUnderway) {
+  ASSERT_OK(Allocate(2 * kMiB).status());
+  driver_->sim().InjectFault(SimCall::kMemSetAccess, 1, DriverResult::kOutOfMemory);
+  driver_->sim().InjectFault(SimCall::kMemUnmap, 1, DriverResult::kInvalidValue);
+  ASSERT_OK(Allocate(2 * kMiB).status());
+  log_.Take();
+  const std::size_t mappings = driver_->sim().Counters().mappings;
+
+  host_.capturing = true;
+  driver_->sim().InjectFault(SimCall::kMemSetAccess, 1, DriverResult::kOutOfMemory);
+  EXPECT_FALSE(expandable_->RepairQuarantinedChunks(/*may_unmap=*/true).ok());
+  EXPECT_THAT(log_.Take(), ElementsAre("lock device", "unlock device", "MemSetAccess @2 2M", "enter gate",
+                                       "capture_underway", "leave gate", "lock shard", "lock device",
+                                       "unlock device", "unlock shard"));
+  EXPECT_EQ(driver_->sim().Counters().mappings, mappings);
+  {
+    std::unique_ptr<ExpandableHost::Lock> lock = host_.LockDevice();
+    EXPECT_FALSE(expandable_->Accessible(log_.base + 2 * kMiB));
+  }
+
+  // Once the capture has ended, the next repair unmaps it.
+  host_.capturing = false;
+  driver_->sim().InjectFault(SimCall::kMemSetAccess, 1, DriverResult::kOutOfMemory);
+  ASSERT_OK(expandable_->RepairQuarantinedChunks(/*may_unmap=*/true));
+  EXPECT_EQ(driver_->sim().Counters().mappings, mappings - 1);
 }
 
 TEST_F(ExpandableHostTest, AReleaseUnmapsOnlyWhollyFreeChunksAfterTheDeviceHasFinished) {
