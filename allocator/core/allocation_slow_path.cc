@@ -202,7 +202,7 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
       }
     }
   }
-  if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
+  if (absl::Status s = releaser_.Release(std::move(victims)); !s.ok()) return s;
   if (!only_oversize) {
     // Expandable segments give back their free pages wherever they are (never counted as oversize).
     absl::StatusOr<std::size_t> unmapped = expandable_.Release(scope);
@@ -210,10 +210,6 @@ absl::StatusOr<std::size_t> CachingAllocator::ReleaseCachedSegments(
     freed += *unmapped;
   }
   return freed;
-}
-
-absl::Status CachingAllocator::ReleaseSegments(std::vector<Segment*> segments) {
-  return releaser_.Release(std::move(segments));
 }
 
 absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -259,7 +255,7 @@ absl::StatusOr<std::size_t> CachingAllocator::GarbageCollect() ABSL_NO_THREAD_SA
       freed += freed_now;
     }
   }
-  if (absl::Status s = ReleaseSegments(std::move(victims)); !s.ok()) return s;
+  if (absl::Status s = releaser_.Release(std::move(victims)); !s.ok()) return s;
   return freed;
 }
 

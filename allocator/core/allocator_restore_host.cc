@@ -85,9 +85,7 @@ stat_events::BlockFigures AllocatorRestoreHost::FiguresOf(const Block* block, bo
 
 std::size_t AllocatorRestoreHost::Granularity() const { return driver_.Info().granularity; }
 
-absl::Status AllocatorRestoreHost::RepairQuarantinedChunks() {
-  return expandable_.RepairQuarantinedChunks(/*may_unmap=*/true);
-}
+absl::Status AllocatorRestoreHost::RepairQuarantinedChunks() { return expandable_.RepairQuarantinedChunks(); }
 
 std::vector<int> AllocatorRestoreHost::Peers(const PoolLock& /*lock*/) const { return expandable_.peers(); }
 

@@ -287,8 +287,6 @@ class CachingAllocator {
   // that pool only, unless pinned by a graph.
   absl::StatusOr<std::size_t> ReleaseCachedSegments(bool only_oversize, std::size_t wanted,
                                                     PoolId scope = kDefaultPool);
-  // Frees the segments a release path took out of the cache (SegmentReleaser::Release).
-  absl::Status ReleaseSegments(std::vector<Segment*> segments);
   absl::StatusOr<std::size_t> GarbageCollect();
 
   // The out-of-memory error for `request` of `pool`, explained (oom_report.h); counted and recorded.

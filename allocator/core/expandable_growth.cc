@@ -49,8 +49,8 @@ absl::StatusOr<DevicePtr> ExpandableSegments::Allocate(StreamShard& shard, const
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (request.size > reservation_) return DevicePtr{0};
   // A chunk left mapped without access by an earlier failure is fixed before more memory is mapped (it
-  // may serve this request then). Not unmapped during a capture, which forbids freeing device memory.
-  (void)RepairQuarantinedChunks(/*may_unmap=*/!host_.CaptureUnderway());
+  // may serve this request then).
+  (void)RepairQuarantinedChunks();
   GrowthAttempts attempts;
   while (attempts.NextPass()) {
     GrowthPlan plan;

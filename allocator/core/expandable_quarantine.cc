@@ -8,7 +8,7 @@
 
 namespace graphalloc {
 
-absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+absl::Status ExpandableSegments::RepairQuarantinedChunks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   if (quarantined_.load(std::memory_order_relaxed) == 0) return absl::OkStatus();
   std::vector<QuarantinedChunk> work;
   std::vector<int> peers;
@@ -21,11 +21,12 @@ absl::Status ExpandableSegments::RepairQuarantinedChunks(bool may_unmap) ABSL_NO
   enum Outcome { kAccessible, kUnmapped, kStillQuarantined };
   std::vector<Outcome> outcomes(work.size(), kStillQuarantined);
   absl::Status first_error;
-  // Entered at the first unmap, and the capture question asked again inside it: a capture may have begun
-  // since the caller asked (EmptyCache in one thread, a capture beginning in another), and an unmap during
-  // one would break it. Captures begin under the gate, so inside it the answer holds until it is left. No
-  // wait for the device: a quarantined chunk was never handed out, so no work uses it.
+  // No unmap during a capture, which it would break. Asked inside the unmap gate, entered at the first
+  // unmap: captures begin under the gate, so the answer holds until it is left (asked before it, a capture
+  // beginning in another thread could slip in between). No wait for the device: a quarantined chunk was
+  // never handed out, so no work uses it.
   std::unique_ptr<ExpandableHost::UnmapGate> gate;
+  bool may_unmap = true;
   for (std::size_t i = 0; i < work.size(); ++i) {
     const ChunkPlacement& c = work[i].chunk;
     absl::Status s = driver_.MemSetAccess(c.ptr, c.size, peers);

@@ -26,7 +26,7 @@ bool ExpandableSegments::MustStayMapped(const Segment& segment, DevicePtr begin,
 
 absl::StatusOr<std::size_t> ExpandableSegments::Release(PoolId scope) {
   // Quarantined chunks first: unmapped here, or made accessible and so free memory the sweep can unmap.
-  absl::Status first_error = RepairQuarantinedChunks(/*may_unmap=*/true);
+  absl::Status first_error = RepairQuarantinedChunks();
   std::vector<ReleaseJob> jobs;
   std::vector<ChunkPlacement> to_release;  // the cached handles, then those of the chunks unmapped
   CarveIdleChunks(scope, &jobs, &to_release);

@@ -89,10 +89,11 @@ class ExpandableSegments {
   void ReleaseCachedHandlesAtExit();
 
   // ---- Quarantine and in-flight blocks (expandable_quarantine.cc). ----
-  // Retries the quarantined chunks: grants access to each, or else, with `may_unmap`, unmaps it (its handle
-  // goes to the handle cache); a chunk neither call fixes stays quarantined, and the first error is
-  // returned. A fixed chunk becomes a free mapped (or unmapped) block.
-  absl::Status RepairQuarantinedChunks(bool may_unmap);
+  // Retries the quarantined chunks: grants access to each, or else, unless a capture is underway (asked
+  // under the unmap gate), unmaps it (its handle goes to the handle cache); a chunk neither call fixes stays
+  // quarantined, and the first error is returned. A fixed chunk becomes a free mapped (or unmapped) block.
+  // The caller holds no lock.
+  absl::Status RepairQuarantinedChunks();
   // The in-flight block `b`, tiled exactly by `chunks`, goes back with chunk i mapped iff mapped[i]. A
   // chunk with no_access[i] (mapped, but without access) becomes a block of its own that stays in flight,
   // quarantined. Device lock held.

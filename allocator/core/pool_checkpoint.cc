@@ -85,7 +85,7 @@ absl::StatusOr<PoolCheckpoint> CachingAllocator::Checkpoint(const PrivatePool& p
         absl::StrFormat("Checkpoint: pool %d is asleep; Wake() it first", pool.id()));
   }
   // A quarantined chunk would make the pool look busy (CheckPoolQuiet): fix what can be fixed first.
-  (void)expandable_.RepairQuarantinedChunks(/*may_unmap=*/!captures_.underway());
+  (void)expandable_.RepairQuarantinedChunks();
   PoolShardsLock lock(shards_, pool.id(), device_mu_);
   if (absl::Status s = CheckPoolQuiet(lock, segments_, expandable_); !s.ok()) return s;
   PoolCheckpoint checkpoint{.pool = pool.id(), .allocator_id = id_, .segments = {}};

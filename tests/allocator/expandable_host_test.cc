@@ -326,7 +326,7 @@ class ExpandableHostTest : public ::testing::Test {
   void TearDown() override {
     // Whatever is still mapped or reserved goes back, and the segments are freed, as the allocator's end
     // does, so that the parts go quietly (and LeakSanitizer sees nothing left).
-    (void)expandable_->RepairQuarantinedChunks(/*may_unmap=*/true);
+    (void)expandable_->RepairQuarantinedChunks();
     std::vector<Segment*> segments;
     for (const auto& [base, segment] : host_.ledger) segments.push_back(segment);
     for (Segment* segment : segments) {
@@ -356,8 +356,7 @@ class ExpandableHostTest : public ::testing::Test {
   // A growth of one new 2 MiB chunk at `at` (MiB from the base) into a fresh or grown segment.
   std::vector<std::string> GrowthOfOneChunk(int at) {
     const std::string a = absl::StrCat("@", at);
-    return {"capture_underway",
-            // planned under the shard's lock, the budget under the device lock too
+    return {// planned under the shard's lock, the budget under the device lock too
             "lock shard", "best_fit", "planner 2M", "capture_underway", "lock device", "committed 0M 2M",
             "capacity", "over_limit 0M 2M", "begin_growth 0M", "unlock device", "unlock shard",
             // admitted under the device lock
@@ -384,14 +383,13 @@ TEST_F(ExpandableHostTest, TheFirstGrowthReservesWithNoLockThenListsTheSegmentUn
   ASSERT_OK_AND_ASSIGN(DevicePtr p, Allocate(2 * kMiB));
   EXPECT_EQ(p, log_.base);
   std::vector<std::string> expected = {
-      "capture_underway",
       // nothing to plan in: no segment
       "lock shard", "best_fit", "planner 2M", "unlock shard",
       // reserved with no lock, listed under the shard's lock and the device lock, in that order
       "AddressReserve @0", "lock shard", "lock device", "add_reservation @0", "unlock device",
       "unlock shard"};
   std::vector<std::string> growth = GrowthOfOneChunk(0);
-  expected.insert(expected.end(), growth.begin() + 1, growth.end());  // Allocate's repair check is once
+  expected.insert(expected.end(), growth.begin(), growth.end());
   EXPECT_THAT(log_.Take(), ::testing::ElementsAreArray(expected));
 }
 
@@ -412,8 +410,8 @@ TEST_F(ExpandableHostTest, AFailedAccessGrantIsUndoneAndItsHandleCached) {
   ASSERT_OK_AND_ASSIGN(DevicePtr p, Allocate(2 * kMiB));
   EXPECT_EQ(p, 0u);  // no memory: the request goes on down the slow path
   EXPECT_THAT(log_.Take(),
-              ElementsAre("capture_underway", "lock shard", "best_fit", "planner 2M", "capture_underway",
-                          "lock device", "committed 0M 2M", "capacity", "over_limit 0M 2M", "begin_growth 0M",
+              ElementsAre("lock shard", "best_fit", "planner 2M", "capture_underway", "lock device",
+                          "committed 0M 2M", "capacity", "over_limit 0M 2M", "begin_growth 0M",
                           "unlock device", "unlock shard", "lock device", "admit 0M 2M", "unlock device",
                           "MemCreate 2M", "MemMap @2 2M", "MemSetAccess @2 2M",
                           // undone with no lock; no observer hears of it
@@ -439,11 +437,11 @@ TEST_F(ExpandableHostTest, AChunkTheDeviceWillNotUnmapIsQuarantinedThenRepaired)
   ASSERT_OK_AND_ASSIGN(DevicePtr p, Allocate(2 * kMiB));
   EXPECT_EQ(p, 0u);
   std::vector<std::string> growth = log_.Take();
-  ASSERT_EQ(growth.size(), 25u);
+  ASSERT_EQ(growth.size(), 24u);
   // The access grant fails and so does the undo: the chunk stays mapped without access, accounted, a block
   // of its own that stays in flight (not returned to any index) and that no observer hears of.
   EXPECT_THAT(
-      std::vector<std::string>(growth.begin() + 15, growth.end()),
+      std::vector<std::string>(growth.begin() + 14, growth.end()),
       ElementsAre("MemCreate 2M", "MemMap @2 2M", "MemSetAccess @2 2M", "MemUnmap @2 2M", "lock shard",
                   "lock device", "end_growth 2M", "chunk_mapped @2 2M", "unlock device", "unlock shard"));
   {
@@ -452,7 +450,7 @@ TEST_F(ExpandableHostTest, AChunkTheDeviceWillNotUnmapIsQuarantinedThenRepaired)
   }
   log_.Take();
 
-  ASSERT_OK(expandable_->RepairQuarantinedChunks(/*may_unmap=*/true));
+  ASSERT_OK(expandable_->RepairQuarantinedChunks());
   EXPECT_THAT(log_.Take(), ElementsAre(
                                // taken out of the quarantine under the device lock
                                "lock device", "unlock device",
@@ -464,7 +462,7 @@ TEST_F(ExpandableHostTest, AChunkTheDeviceWillNotUnmapIsQuarantinedThenRepaired)
   // Served now from the repaired chunk, with no driver call.
   ASSERT_OK_AND_ASSIGN(p, Allocate(2 * kMiB));
   EXPECT_EQ(p, log_.base + 2 * kMiB);
-  EXPECT_THAT(log_.Take(), ElementsAre("capture_underway", "lock shard", "best_fit", "unlock shard"));
+  EXPECT_THAT(log_.Take(), ElementsAre("lock shard", "best_fit", "unlock shard"));
 }
 
 TEST_F(ExpandableHostTest, ARepairThatCannotGrantAccessUnmapsTheChunkAndCachesItsHandle) {
@@ -474,7 +472,7 @@ TEST_F(ExpandableHostTest, ARepairThatCannotGrantAccessUnmapsTheChunkAndCachesIt
   ASSERT_OK(Allocate(2 * kMiB).status());
   log_.Take();
   driver_->sim().InjectFault(SimCall::kMemSetAccess, 1, DriverResult::kOutOfMemory);
-  ASSERT_OK(expandable_->RepairQuarantinedChunks(/*may_unmap=*/true));
+  ASSERT_OK(expandable_->RepairQuarantinedChunks());
   EXPECT_THAT(log_.Take(), ElementsAre("lock device", "unlock device", "MemSetAccess @2 2M",
                                        // unmapped under the gate, once it is sure no capture is underway
                                        "enter gate", "capture_underway", "MemUnmap @2 2M", "leave gate",
@@ -501,7 +499,7 @@ TEST_F(ExpandableHostTest, ARepairDoesNotUnmapWhileACaptureIsUnderway) {
 
   host_.capturing = true;
   driver_->sim().InjectFault(SimCall::kMemSetAccess, 1, DriverResult::kOutOfMemory);
-  EXPECT_FALSE(expandable_->RepairQuarantinedChunks(/*may_unmap=*/true).ok());
+  EXPECT_FALSE(expandable_->RepairQuarantinedChunks().ok());
   EXPECT_THAT(log_.Take(), ElementsAre("lock device", "unlock device", "MemSetAccess @2 2M", "enter gate",
                                        "capture_underway", "leave gate", "lock shard", "lock device",
                                        "unlock device", "unlock shard"));
@@ -514,7 +512,7 @@ TEST_F(ExpandableHostTest, ARepairDoesNotUnmapWhileACaptureIsUnderway) {
   // Once the capture has ended, the next repair unmaps it.
   host_.capturing = false;
   driver_->sim().InjectFault(SimCall::kMemSetAccess, 1, DriverResult::kOutOfMemory);
-  ASSERT_OK(expandable_->RepairQuarantinedChunks(/*may_unmap=*/true));
+  ASSERT_OK(expandable_->RepairQuarantinedChunks());
   EXPECT_EQ(driver_->sim().Counters().mappings, mappings - 1);
 }
 
