@@ -424,6 +424,11 @@ absl::Status CudaDriver::HostFree(void* ptr) {
 absl::Status CudaDriver::CopyHostToDevice(DevicePtr dst, const void* src, std::size_t bytes) {
   GRAPHALLOC_CUDA_CONTEXT();
   GRAPHALLOC_CUDA_RETURN_IF_ERROR(MemcpyHtoD, dst, src, bytes);
+  // From pageable memory, cuMemcpyHtoD returns once the source is in the driver's staging buffer, before
+  // the DMA to the device has finished; the legacy stream it ran on orders that for blocking streams only.
+  // Work on a non-blocking stream launched next could read the old bytes (a graph replay did, on an H200
+  // under load), so the copy is waited for, as a synchronous copy promises.
+  GRAPHALLOC_CUDA_RETURN_IF_ERROR(StreamSynchronize, CU_STREAM_LEGACY);
   return absl::OkStatus();
 }
 
