@@ -17,7 +17,8 @@ torch.autograd.Function. The rules, and the PyTorch behaviour each replaces, are
   * a graph output that a later replay overwrote raises when read or passed, saying how to keep it;
   * parameter gradients are owned by default (accumulation gives g1 + g2; a held gradient never changes);
     per parameter, `skip_backward_post_hook = True` or `clone_param_grads_on_return` opts out, fixed when
-    graphed;
+    graphed; in graphed(), a gradient the step points at a view of a longer-lived tensor (DDP's bucket under
+    gradient_as_bucket_view) stays that view, as it would eagerly;
   * each outstanding forward (micro-batches, pipeline schedules) gets its own lane, up to
     max_outstanding_forwards; a forward whose backward never runs ends when its autograd graph is freed;
   * loss.backward(retain_graph=True) then another backward works; releases asked for through
@@ -245,7 +246,7 @@ class GraphedFunction:
         self._natives: Dict[int, Any] = {}
         self._structures_by_native: Dict[int, Dict[int, Any]] = {}
         self._eager_reason: Optional[str] = None
-        self._structures: Dict[int, Any] = {}  # recorded node -> (output spec, constants, grad params)
+        self._structures: Dict[int, Any] = {}  # recorded node -> (output spec, constants, grad params, views)
         self._pending = None
         self._call = None
         functools.update_wrapper(self, fn, updated=())
@@ -336,7 +337,10 @@ class GraphedFunction:
                         "as static=[...] to graph it in place")
                     warnings.warn(self._eager_reason, stacklevel=2)
                     break
-        out_spec, out_leaves, tensor_slots, grad_params = structure
+        out_spec, out_leaves, tensor_slots, grad_params, grad_views = structure
+        if kind == "replay":  # what the recorded call pointed .grad at, and the replay wrote in place
+            for k, view in grad_views:
+                params[k].grad = view
         for slot, t in zip(tensor_slots, outs):
             out_leaves[slot] = t
         n_out = len(tensor_slots)
@@ -367,16 +371,23 @@ class GraphedFunction:
         flat, out_spec = pytree.tree_flatten(out)
         tensor_slots = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         out_leaves = [None if isinstance(x, torch.Tensor) else x for x in flat]
-        grad_params, grads = [], []
+        grad_params, grads, grad_views = [], [], []
         for k, p in enumerate(params):
             # A gradient is new when the call made it, not when it re-pointed .grad at the same memory (DDP's
             # gradient_as_bucket_view hands out a new view of its bucket every step).
             b = before[k]
             if p.grad is not None and p.grad is not b and (b is None or p.grad.data_ptr() != b.data_ptr()):
+                if p.grad._base is not None:
+                    # A view of a larger tensor (DDP's bucket under gradient_as_bucket_view, which re-points
+                    # .grad at it whenever .grad is anything else): it stays .grad, as eagerly, and a replay,
+                    # which writes it in place, points .grad at it again. The tensor it views outlives the
+                    # call: made during a recording, it would be an allocation left over, which fails it.
+                    grad_views.append((k, p.grad))
+                    continue
                 grad_params.append(k)
                 grads.append(p.grad)
                 p.grad = before[k]  # installed again (owned) once the call is done
-        self._pending = (out_spec, out_leaves, tensor_slots, grad_params)
+        self._pending = (out_spec, out_leaves, tensor_slots, grad_params, grad_views)
         return [flat[i].detach() for i in tensor_slots] + grads
 
     def memory(self) -> Dict[str, Any]:

@@ -478,6 +478,48 @@ class GraphedStepTest(unittest.TestCase):
             for a, b in zip(runs[0][1], runs[1][1]):
                 self.assertTrue(torch.equal(a, b), f"set_to_none={set_to_none}: parameters differ")
 
+    def test_gradients_pointed_at_views_of_a_bucket_stay_there_as_eagerly(self):
+        # DDP's gradient_as_bucket_view: after the backward, each .grad that is not already a view of DDP's
+        # flat bucket is copied into it and pointed at the view, memory the call did not allocate.
+        for set_to_none in (True, False):
+            runs = []
+            for use_graph in (True, False):
+                model, opt = self.make()
+                params = list(model.parameters())
+                bucket = torch.zeros(sum(p.numel() for p in params), device="cuda")
+                views, at = [], 0
+                for p in params:
+                    views.append(bucket[at:at + p.numel()].view_as(p))
+                    at += p.numel()
+
+                def step(x, y):  # zero_grad outside, as DDP programs do: with None, each call points anew
+                    loss = (model(x) - y).square().mean()
+                    loss.backward()
+                    for p, v in zip(params, views):
+                        if p.grad.data_ptr() != v.data_ptr():
+                            v.copy_(p.grad)
+                            p.grad = v
+                    opt.step()
+                    return loss
+                fn = gat.graphed(step, name=f"bucket views {set_to_none}") if use_graph else step
+                torch.manual_seed(1)
+                losses = []
+                for _ in range(6):
+                    opt.zero_grad(set_to_none=set_to_none)
+                    losses.append(fn(torch.randn(4, 16, device="cuda"), torch.randn(4, 16, device="cuda")).detach()
+                                  .clone())
+                for p, v in zip(params, views):
+                    self.assertEqual(p.grad.data_ptr(), v.data_ptr(), f"set_to_none={set_to_none}: .grad moved")
+                runs.append((losses, [p.detach().clone() for p in params], bucket.clone()))
+                if use_graph:
+                    mine = [d for d in gat.graph_memory() if d.get("name") == f"bucket views {set_to_none}"]
+                    self.assertGreaterEqual(mine[0]["lanes"][-1]["counters"]["replays"], 3)
+            for k, (a, b) in enumerate(zip(runs[0][0], runs[1][0])):
+                self.assertTrue(torch.equal(a, b), f"set_to_none={set_to_none}, loss {k}: {a} vs {b}")
+            for a, b in zip(runs[0][1], runs[1][1]):
+                self.assertTrue(torch.equal(a, b), f"set_to_none={set_to_none}: parameters differ")
+            self.assertTrue(torch.equal(runs[0][2], runs[1][2]), f"set_to_none={set_to_none}: gradients differ")
+
     def test_the_loss_of_an_earlier_step_is_overwritten_and_says_so(self):
         model, opt = self.make()
 
