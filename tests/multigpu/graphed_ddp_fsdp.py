@@ -46,8 +46,8 @@ captured, and what this program does for it:
   * broadcast_buffers=False except in the broadcast_buffers configuration (the buffers are constant masks).
   * Gradients: with zero_grad(set_to_none=True) each step creates .grad inside the graph, which graphed()
     hands back as owned clones; with set_to_none=False they are kept and read in place (static inputs);
-    with gradient_as_bucket_view=True they are views of DDP's buckets, which graphed() cannot hand back as
-    outputs when each step creates them anew (bucket_view_none: REFUSED is accepted there).
+    with gradient_as_bucket_view=True they are views of DDP's buckets, which graphed() leaves where DDP put
+    them and points .grad at again after each replay (bucket_view_none also accepts REFUSED and FELL_BACK).
 
 FSDP2 variants (--fsdp-variants): fully_shard on every block and on the model. graphed() cannot take
 DTensors, so it is given each parameter's and each gradient's local shard (ShardView), read again at every
@@ -93,8 +93,10 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 ANY_CLEAR_OUTCOME = ("MATCH", "REFUSED", "FELL_BACK")
 # A CUDA error after which the process's context is unusable: later checks would only repeat it.
+# The CUDA errors that break the context. "device-side assert triggered", not "device-side assert": PyTorch
+# ends every CUDA error's message with "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions".
 FATAL_CUDA = ("illegal memory access", "unspecified launch failure", "misaligned address",
-              "illegal instruction", "device-side assert")
+              "illegal instruction", "device-side assert triggered")
 
 
 @dataclasses.dataclass(frozen=True)
