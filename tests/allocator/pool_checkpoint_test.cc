@@ -284,22 +284,11 @@ TEST_P(PoolCheckpointTest, RandomCheckpointDivergeRestoreRoundsAreExact) {
     return inv.ok() && !HasFailure();
   };
 
-  // 2 x 5,000 rounds in the normal build (issue 5's 10,000); a tenth under the sanitizers, which run the
-  // same code 10-50x slower and check memory and races rather than more states. gcc says it is building
-  // for a sanitizer with __SANITIZE_*__, clang only through __has_feature.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define GRAPHALLOC_CHECKPOINT_TEST_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || \
-    defined(GRAPHALLOC_CHECKPOINT_TEST_SANITIZED)
-  constexpr int kRounds = 500;
-#else
-  constexpr int kRounds = 5000;
-#endif
+  // 2 x 5,000 rounds in the normal build (issue 5's 10,000); GRAPHALLOC_TEST_SCALE of them under the
+  // sanitizers, which run the same code 10-50x slower and check memory and races rather than more states.
+  const int rounds = testing::ScaledCount(5000);
   std::size_t exact_mappings = 0;
-  for (int round = 0; round < kRounds; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     const int build = 1 + static_cast<int>(rng() % 6);
     for (int i = 0; i < build; ++i) ASSERT_TRUE(step(round, true));
     absl::StatusOr<PoolCheckpoint> cp = allocator_->Checkpoint(pool_);
@@ -402,7 +391,7 @@ TEST_P(PoolCheckpointTest, RandomCheckpointDivergeRestoreRoundsAreExact) {
       ASSERT_OK(allocator_->EmptyPoolCache(pool_.id()));
     }
   }
-  std::cout << "PoolCheckpointTest: " << kRounds << " rounds, " << exact_mappings
+  std::cout << "PoolCheckpointTest: " << rounds << " rounds, " << exact_mappings
             << " with the mapped ranges restored exactly\n";
   for (const Live& l : live) FreeOk(l.ptr);
   for (DevicePtr k : keepers) FreeOk(k);
