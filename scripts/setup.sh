@@ -3,7 +3,7 @@
 # only the packages that are missing, with apt-get. Idempotent; prints nothing when all is present.
 set -euo pipefail
 packages=(cmake ninja-build g++ clang libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-          nlohmann-json3-dev libcli11-dev zlib1g-dev python3 python3-venv
+          nlohmann-json3-dev libcli11-dev zlib1g-dev python3 python3-venv lld
           chromium)  # headless, for the HTML viewer's test (tests/snapshot/viewer_browser_test.cc)
 missing=()
 for p in "${packages[@]}"; do

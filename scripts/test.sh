@@ -4,7 +4,13 @@
 #   normal  warnings as errors, CUDA kernels and benchmarks included, the install/consumer test too;
 #   asan    AddressSanitizer + UndefinedBehaviorSanitizer (clang; a UBSan report aborts the test), with
 #           the libFuzzer targets built in the same tree;
-#   tsan    ThreadSanitizer (gcc);
+#   tsan    ThreadSanitizer (gcc), on the test binaries that start threads (label `threads`): only they
+#           can race. The thread census (tests/testing/thread_census.cc) fails a normal-stage test whose
+#           threads contradict its label, so a test that begins to start threads joins this stage. What
+#           is given up: TSan's lock-order (potential deadlock) reports on paths that only single-threaded
+#           tests take (sleep and wake, restore, the graph tree); the threaded tests still take the
+#           allocator's locks from many threads (allocate, free, stream events, empty cache, snapshots,
+#           capture into pools, expandable growth, IPC export, the history ring);
 #   fuzz    the libFuzzer targets for a bounded time each (scripts/fuzz.sh), as the asan stage built them.
 # The sanitizer builds skip benchmarks and CUDA kernels (which need a GPU to run). The `gpu`-labelled
 # entries, which need a real GPU, are excluded (see README "Testing on a GPU").
@@ -35,12 +41,16 @@ export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:detect_stack_use_after_retur
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
 
-configure_and_test() {  # name build_dir ctest_exclude_regex cmake_args...
-  local name=$1 dir=$2 exclude=$3 rc=0
-  shift 3
+# Configures and builds `target` (all: everything) in build_dir, then runs the tests CTest selects with
+# `label` (a label regex; "" for every test) less those matching `exclude`.
+configure_and_test() {  # name build_dir target label exclude cmake_args...
+  local name=$1 dir=$2 target=$3 label=$4 exclude=$5 rc=0
+  shift 5
+  local select=(-LE "$exclude")
+  [ -z "$label" ] || select+=(-L "$label")
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGRAPHALLOC_WERROR=ON "$@" >/dev/null &&
-    cmake --build "$dir" -j "$jobs" || return
-  ctest --test-dir "$dir" -LE "$exclude" --output-on-failure -j "$jobs" | tee "$dir/ctest.log" || rc=$?
+    cmake --build "$dir" -j "$jobs" --target "$target" || return
+  ctest --test-dir "$dir" "${select[@]}" --output-on-failure -j "$jobs" | tee "$dir/ctest.log" || rc=$?
   echo "== $name: slowest tests"
   sed -nE 's/^.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 s  \1/p' "$dir/ctest.log" | sort -rn | head -n 5
   return "$rc"
@@ -72,16 +82,25 @@ sanitizer_scale=${GRAPHALLOC_SANITIZER_TEST_SCALE:-0.25}
 # a fourth time (scripts/fuzz.sh; about 260 compile-seconds, a tenth of the command on two cores). The
 # instrumentation only counts edges; every test still runs under both sanitizers. gcc keeps the normal and
 # TSan stages, so each compiler's warnings still fail the build.
+# It links with lld: GNU ld took 1.3 s per ASan test binary and lld 0.45 (about 90 links).
 asan_build=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DGRAPHALLOC_BUILD_FUZZERS=ON
-            -DGRAPHALLOC_SANITIZE=fuzzer-no-link,address,undefined)
-# Every stage compiles the test code itself (test files, tests/testing) at -Og; the library under test
-# keeps its stage's level (-O2 as released, -O1 under the sanitizers; tests/CMakeLists.txt,
-# GRAPHALLOC_TEST_COMPILE_OPTIONS; clang reads -Og as -O1). Under gcc's UBSan an -O1 compile of
-# GoogleTest-heavy code is slow, and -Og cuts about a third of it and runs as fast; under TSan it cuts
-# about a fifth (caching_allocator_test 15.9 s against 20.1, graphed_step_stages_test 18.1 against 23.2 on
-# this 2-core machine); in the normal stage 30% (caching_allocator_test 5.3 s against 7.7). Every check still runs: each sanitizer instruments every
-# access -Og keeps, and no test times anything, so the test code's own speed is not what is tested.
+            -DGRAPHALLOC_SANITIZE=fuzzer-no-link,address,undefined
+            -DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld
+            -DCMAKE_MODULE_LINKER_FLAGS=-fuse-ld=lld)
+# Every stage compiles the test code itself (test files, tests/testing) with less optimization than the
+# library under test, which keeps its stage's level (-O2 as released, -O1 under the sanitizers;
+# tests/CMakeLists.txt, GRAPHALLOC_TEST_COMPILE_OPTIONS): nearly every test spends its time in the
+# library, and no test times anything. gcc at -Og: under TSan it cuts about a fifth of a test file's
+# compile (caching_allocator_test 15.9 s against 20.1 at -O1), in the normal stage 30% (5.3 s against
+# 7.7); gcc at -O0 saves nothing more (its time is in the front end). clang at -O0 in the ASan+UBSan stage:
+# there an -O1 compile is mostly instrumented optimization and code generation (caching_allocator_test
+# 10.3-10.8 s at -O1, 5.5-6.1 at -O0, 4.4-5.6 parsing alone; without the precompiled header), and the
+# stage's test files took 340 CPU-s less (2026-11-29). The tests whose own code does the work (HOT in
+# tests/*/CMakeLists.txt: reference models, a CPU reference of the RNG kernels) keep -Og there: at -O0
+# they ran up to 15x longer. Every check still runs: each sanitizer instruments every access the compiler
+# keeps, and at -O0 it keeps them all.
 test_code=(-DGRAPHALLOC_TEST_COMPILE_OPTIONS=-Og)
+asan_test_code=(-DGRAPHALLOC_TEST_COMPILE_OPTIONS=-O0 -DGRAPHALLOC_HOT_TEST_COMPILE_OPTIONS=-Og)
 # The HTML viewer's browser test spends its time in Chromium, which no sanitizer instruments; the CLI that
 # writes the page runs under both sanitizers in snapshot_cli_test. It runs in the normal stage only. So do
 # the export checks (label exports): the exported symbols are the released library's, which the normal
@@ -101,13 +120,14 @@ for stage in "${stages[@]}"; do
   rc=0
   case "$stage" in
     normal)
-      configure_and_test normal "$build" gpu "${normal_build[@]}" "${test_code[@]}" || rc=$? ;;
+      configure_and_test normal "$build" all "" gpu "${normal_build[@]}" "${test_code[@]}" || rc=$? ;;
     asan)
-      GRAPHALLOC_TEST_SCALE=$sanitizer_scale configure_and_test asan "$build-asan" "$sanitizer_skip" \
-        "${asan_build[@]}" "${sanitizer_build[@]}" "${test_code[@]}" || rc=$? ;;
+      GRAPHALLOC_TEST_SCALE=$sanitizer_scale configure_and_test asan "$build-asan" all "" "$sanitizer_skip" \
+        "${asan_build[@]}" "${sanitizer_build[@]}" "${asan_test_code[@]}" || rc=$? ;;
     tsan)
-      GRAPHALLOC_TEST_SCALE=$sanitizer_scale configure_and_test tsan "$build-tsan" "$sanitizer_skip" \
-        -DGRAPHALLOC_SANITIZE=thread "${sanitizer_build[@]}" "${test_code[@]}" || rc=$? ;;
+      GRAPHALLOC_TEST_SCALE=$sanitizer_scale configure_and_test tsan "$build-tsan" graphalloc_threads_tests \
+        threads "$sanitizer_skip" -DGRAPHALLOC_SANITIZE=thread "${sanitizer_build[@]}" "${test_code[@]}" ||
+        rc=$? ;;
     fuzz)
       if [[ " ${stages[*]} " == *" asan "* && -f "$build-asan/CMakeCache.txt" ]]; then
         GRAPHALLOC_FUZZ_BUILD_DIR="$build-asan" GRAPHALLOC_FUZZ_CONFIGURED=1 scripts/fuzz.sh || rc=$?
