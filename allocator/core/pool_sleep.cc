@@ -215,6 +215,7 @@ absl::Status PoolSleep::CheckNotPinned(const ShardsLock& /*lock*/, const Segment
 
 absl::StatusOr<SleepResult> PoolSleep::Sleep(const SleepRequest& request) {
   MutexLock call(&call_mu_);
+  const CallUnderWay under_way(calls_under_way_);
   // Held throughout: no capture begins while memory it might use is unmapped.
   const std::unique_ptr<GateLock> gate = host_.LockCaptureGate();
   if (host_.CaptureUnderway(*gate)) {
@@ -463,6 +464,7 @@ void PoolSleep::UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status*
 
 absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) {
   MutexLock call(&call_mu_);
+  const CallUnderWay under_way(calls_under_way_);
   const std::unique_ptr<GateLock> gate = host_.LockCaptureGate();
   if (host_.CaptureUnderway(*gate)) {
     return absl::FailedPreconditionError(
@@ -644,13 +646,28 @@ absl::Status PoolSleep::CheckInvariants(const SegmentLedger& segments) const {
           absl::StrFormat("segment 0x%x: sleeping chunks add up to %d bytes, the segment says %d", base,
                           bytes, segment->vmm->sleeping_bytes()));
     }
-    if ((bytes > 0 || segment->vmm->asleep()) && !records_.contains(pool)) {
+    // A sleep marks and unmaps its segments before it writes the pool's record, with no lock held between
+    // its phases: meanwhile the pool is in asleep_ only.
+    if ((bytes > 0 || segment->vmm->asleep()) && !records_.contains(pool) && !IsAsleep(pool)) {
       return InvariantViolation(
           absl::StrFormat("segment 0x%x has sleeping memory but %s is awake", base, PoolName(pool, "")));
     }
     if (!segment->expandable && records_.contains(pool)) {
       return InvariantViolation(
           absl::StrFormat("regular segment 0x%x is in sleeping %s", base, PoolName(pool, "")));
+    }
+  }
+  // Outside a Sleep or Wake call a pool refuses allocations as asleep exactly when it has a record. A call
+  // counts itself before it marks a pool and uncounts itself after its last write to either; read under
+  // asleep_mu_, the count cannot miss a call whose mark is seen.
+  {
+    SpinLockHolder lock(&asleep_mu_);
+    for (const auto& [id, tag] : asleep_) {
+      if (calls_under_way_.load() != 0) break;
+      if (!records_.contains(id)) {
+        return InvariantViolation(
+            absl::StrFormat("%s refuses allocations as asleep but has no sleep record", PoolName(id, tag)));
+      }
     }
   }
   for (const auto& [id, record] : records_) {

@@ -202,9 +202,21 @@ class PoolSleep {
 
   // One Sleep or Wake at a time: each runs driver calls with no lock held between its phases.
   Mutex call_mu_;
+  // Sleep and Wake calls under way (0 or 1), for CheckInvariants, which runs without call_mu_.
+  std::atomic<int> calls_under_way_{0};
+  class CallUnderWay {
+   public:
+    explicit CallUnderWay(std::atomic<int>& count) : count_(count) { count_.fetch_add(1); }
+    ~CallUnderWay() { count_.fetch_sub(1); }
+    CallUnderWay(const CallUnderWay&) = delete;
+    CallUnderWay& operator=(const CallUnderWay&) = delete;
+
+   private:
+    std::atomic<int>& count_;
+  };
   // Guarded by the device lock: read and written only while a SleepHost::DeviceLock (or ShardsLock) is
   // alive, or by StateOf() and CheckInvariants(), whose callers hold the device lock. The sleeping pools'
-  // records (those of a sleep under way included).
+  // records, written when a sleep has unmapped the pool (a sleep under way is in asleep_ only).
   absl::btree_map<PoolId, Record> records_;
   // Backups the driver refused to free (HostFree failed); freed with the allocator. Device lock.
   std::vector<void*> stray_backups_;
