@@ -8,9 +8,10 @@
 #           can race. The thread census (tests/testing/thread_census.cc) fails a normal-stage test whose
 #           threads contradict its label, so a test that begins to start threads joins this stage. What
 #           is given up: TSan's lock-order (potential deadlock) reports on paths that only single-threaded
-#           tests take (the graph tree, the RNG, the CLI); the threaded tests take the allocator's locks
-#           from many threads (allocate, free, stream events, empty cache, snapshots, capture into pools,
-#           expandable growth, sleep and wake, checkpoint and restore, IPC export, the history ring);
+#           tests take (the RNG, the CLI); the threaded tests take the allocator's locks from many
+#           threads (allocate, free, stream events, empty cache, snapshots, capture into pools, expandable
+#           growth, sleep and wake, checkpoint and restore, the graph tree's recordings, branches and
+#           replays, IPC export, the history ring);
 #   fuzz    the libFuzzer targets for a bounded time each (scripts/fuzz.sh), as the asan stage built them.
 # The sanitizer builds skip benchmarks and CUDA kernels (which need a GPU to run). The `gpu`-labelled
 # entries, which need a real GPU, are excluded (see README "Testing on a GPU").
