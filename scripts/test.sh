@@ -96,10 +96,10 @@ asan_build=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DGRAPHALLOC_B
 # 7.7); gcc at -O0 saves nothing more (its time is in the front end). clang at -O0 in the ASan+UBSan stage:
 # there an -O1 compile is mostly instrumented optimization and code generation (caching_allocator_test
 # 10.3-10.8 s at -O1, 5.5-6.1 at -O0, 4.4-5.6 parsing alone; without the precompiled header), and the
-# stage's test files took 299 compile-seconds against 737 (clean clones, 2026-11-29). The tests whose own code does the work (HOT in
-# tests/*/CMakeLists.txt: reference models, a CPU reference of the RNG kernels) keep -Og there: at -O0
-# they ran up to 15x longer. Every check still runs: each sanitizer instruments every access the compiler
-# keeps, and at -O0 it keeps them all.
+# stage's test files took 299 compile-seconds against 737 (clean clones, 2026-11-29). The tests whose own
+# code does the work (HOT in tests/*/CMakeLists.txt: reference models, a CPU reference of the RNG
+# kernels) keep -Og there: at -O0 they ran up to 15x longer. Every check still runs: each sanitizer
+# instruments every access the compiler keeps, and at -O0 it keeps them all.
 test_code=(-DGRAPHALLOC_TEST_COMPILE_OPTIONS=-Og)
 asan_test_code=(-DGRAPHALLOC_TEST_COMPILE_OPTIONS=-O0 -DGRAPHALLOC_HOT_TEST_COMPILE_OPTIONS=-Og)
 # The HTML viewer's browser test spends its time in Chromium, which no sanitizer instruments; the CLI that

@@ -215,7 +215,6 @@ absl::Status PoolSleep::CheckNotPinned(const ShardsLock& /*lock*/, const Segment
 
 absl::StatusOr<SleepResult> PoolSleep::Sleep(const SleepRequest& request) {
   MutexLock call(&call_mu_);
-  const CallUnderWay under_way(calls_under_way_);
   // Held throughout: no capture begins while memory it might use is unmapped.
   const std::unique_ptr<GateLock> gate = host_.LockCaptureGate();
   if (host_.CaptureUnderway(*gate)) {
@@ -464,7 +463,6 @@ void PoolSleep::UnmapAndSettle(SleepJob& job, SleepResult* result, absl::Status*
 
 absl::StatusOr<WakeResult> PoolSleep::Wake(const WakeRequest& request) {
   MutexLock call(&call_mu_);
-  const CallUnderWay under_way(calls_under_way_);
   const std::unique_ptr<GateLock> gate = host_.LockCaptureGate();
   if (host_.CaptureUnderway(*gate)) {
     return absl::FailedPreconditionError(
@@ -636,6 +634,16 @@ void PoolSleep::SettleWake(WakeJob& job, WakeResult* result, absl::Status* error
 // ---- Invariants. ----
 
 absl::Status PoolSleep::CheckInvariants(const SegmentLedger& segments) const {
+  // A Sleep or Wake runs its phases with no lock but call_mu_ held between them, so the records and the
+  // marks may disagree while one is under way. Taken without waiting, call_mu_ says whether one is, and
+  // keeps any from starting while the checks run.
+  const bool idle = call_mu_.TryLock();
+  absl::Status status = CheckInvariants(segments, idle);
+  if (idle) call_mu_.Unlock();
+  return status;
+}
+
+absl::Status PoolSleep::CheckInvariants(const SegmentLedger& segments, bool idle) const {
   for (const auto& [base, segment] : segments) {
     if (segment->vmm == nullptr) continue;
     const PoolId pool = segment->shard->pool == nullptr ? kDefaultPool : segment->shard->pool->id;
@@ -646,9 +654,9 @@ absl::Status PoolSleep::CheckInvariants(const SegmentLedger& segments) const {
           absl::StrFormat("segment 0x%x: sleeping chunks add up to %d bytes, the segment says %d", base,
                           bytes, segment->vmm->sleeping_bytes()));
     }
-    // A sleep marks and unmaps its segments before it writes the pool's record, with no lock held between
-    // its phases: meanwhile the pool is in asleep_ only.
-    if ((bytes > 0 || segment->vmm->asleep()) && !records_.contains(pool) && !IsAsleep(pool)) {
+    // A sleep under way marks and unmaps its segments before it writes the pool's record: meanwhile the
+    // pool is in asleep_ only.
+    if ((bytes > 0 || segment->vmm->asleep()) && !records_.contains(pool) && (idle || !IsAsleep(pool))) {
       return InvariantViolation(
           absl::StrFormat("segment 0x%x has sleeping memory but %s is awake", base, PoolName(pool, "")));
     }
@@ -657,13 +665,10 @@ absl::Status PoolSleep::CheckInvariants(const SegmentLedger& segments) const {
           absl::StrFormat("regular segment 0x%x is in sleeping %s", base, PoolName(pool, "")));
     }
   }
-  // Outside a Sleep or Wake call a pool refuses allocations as asleep exactly when it has a record. A call
-  // counts itself before it marks a pool and uncounts itself after its last write to either; read under
-  // asleep_mu_, the count cannot miss a call whose mark is seen.
-  {
+  // Outside a Sleep or Wake call a pool refuses allocations as asleep exactly when it has a record.
+  if (idle) {
     SpinLockHolder lock(&asleep_mu_);
     for (const auto& [id, tag] : asleep_) {
-      if (calls_under_way_.load() != 0) break;
       if (!records_.contains(id)) {
         return InvariantViolation(
             absl::StrFormat("%s refuses allocations as asleep but has no sleep record", PoolName(id, tag)));

@@ -147,6 +147,8 @@ class PoolSleep {
   absl::Status CheckInvariants(const SegmentLedger& segments) const;
 
  private:
+  // The checks, `idle` when no Sleep or Wake is under way (the marks and records must then agree).
+  absl::Status CheckInvariants(const SegmentLedger& segments, bool idle) const;
   using GateLock = SleepHost::GateLock;
   using DeviceLock = SleepHost::DeviceLock;
   using ShardsLock = SleepHost::ShardsLock;
@@ -201,19 +203,8 @@ class PoolSleep {
   SleepHost& host_;
 
   // One Sleep or Wake at a time: each runs driver calls with no lock held between its phases.
-  Mutex call_mu_;
-  // Sleep and Wake calls under way (0 or 1), for CheckInvariants, which runs without call_mu_.
-  std::atomic<int> calls_under_way_{0};
-  class CallUnderWay {
-   public:
-    explicit CallUnderWay(std::atomic<int>& count) : count_(count) { count_.fetch_add(1); }
-    ~CallUnderWay() { count_.fetch_sub(1); }
-    CallUnderWay(const CallUnderWay&) = delete;
-    CallUnderWay& operator=(const CallUnderWay&) = delete;
-
-   private:
-    std::atomic<int>& count_;
-  };
+  // CheckInvariants try-locks it to learn whether one is under way.
+  mutable Mutex call_mu_;
   // Guarded by the device lock: read and written only while a SleepHost::DeviceLock (or ShardsLock) is
   // alive, or by StateOf() and CheckInvariants(), whose callers hold the device lock. The sleeping pools'
   // records, written when a sleep has unmapped the pool (a sleep under way is in asleep_ only).

@@ -20,8 +20,10 @@
 #include "graphalloc/allocator/core/private_pool.h"
 #include "graphalloc/allocator/device/sim_driver.h"
 #include "gtest/gtest.h"
+#include "tests/testing/allocator_fixture.h"
 #include "tests/testing/device_memory.h"
 #include "tests/testing/status_macros.h"
+#include "tests/testing/test_device.h"
 #include "tests/testing/test_scale.h"
 
 namespace graphalloc {
@@ -29,19 +31,8 @@ namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-class PoolLifecycleConcurrencyTest : public ::testing::Test {
+class PoolLifecycleConcurrencyTest : public testing::AllocatorFixture {
  protected:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<SimDriver>> sim = SimDriver::Create(SimDriverOptions{});
-    ASSERT_TRUE(sim.ok()) << sim.status();
-    sim_ = std::shared_ptr<SimDriver>(std::move(*sim));
-    Config config;
-    config.expandable_segments = true;  // what sleep keeps the addresses of
-    absl::StatusOr<std::unique_ptr<CachingAllocator>> allocator = CachingAllocator::Create(sim_, config);
-    ASSERT_TRUE(allocator.ok()) << allocator.status();
-    allocator_ = std::move(*allocator);
-  }
-
   // Allocates, fills, checks and frees blocks of the default pool on `stream`; now and then a snapshot,
   // an invariant check or an emptied cache.
   void DefaultPoolWorker(Stream stream, std::uint64_t seed, int operations) {
@@ -52,12 +43,12 @@ class PoolLifecycleConcurrencyTest : public ::testing::Test {
       if (choice < 50 || live.empty()) {
         const std::size_t bytes = std::size_t{512} << (rng() % 14);  // 512 B .. 4 MiB
         ASSERT_OK_AND_ASSIGN(const DevicePtr p, allocator_->Allocate(bytes, stream));
-        ASSERT_OK(testing::FillPattern(*sim_, p, bytes, p));
+        ASSERT_OK(testing::FillPattern(*driver_, p, bytes, p));
         live.emplace_back(p, bytes);
       } else if (choice < 90) {
         const std::size_t at = rng() % live.size();
         const auto [p, bytes] = live[at];
-        ASSERT_OK(testing::CheckPattern(*sim_, p, bytes, p));
+        ASSERT_OK(testing::CheckPattern(*driver_, p, bytes, p));
         ASSERT_OK(allocator_->Free(p));
         live[at] = live.back();
         live.pop_back();
@@ -71,7 +62,7 @@ class PoolLifecycleConcurrencyTest : public ::testing::Test {
       }
     }
     for (const auto& [p, bytes] : live) {
-      ASSERT_OK(testing::CheckPattern(*sim_, p, bytes, p));
+      ASSERT_OK(testing::CheckPattern(*driver_, p, bytes, p));
       ASSERT_OK(allocator_->Free(p));
     }
   }
@@ -86,7 +77,7 @@ class PoolLifecycleConcurrencyTest : public ::testing::Test {
       for (int i = 0, n = 1 + static_cast<int>(rng() % 3); i < n; ++i) {
         const std::size_t bytes = (1 + rng() % 6) * kMiB;
         ASSERT_OK_AND_ASSIGN(const DevicePtr p, allocator_->Allocate(bytes, stream));
-        ASSERT_OK(testing::FillPattern(*sim_, p, bytes, p + 1));
+        ASSERT_OK(testing::FillPattern(*driver_, p, bytes, p + 1));
         blocks.emplace_back(p, bytes);
       }
       SleepRequest sleep;
@@ -99,7 +90,7 @@ class PoolLifecycleConcurrencyTest : public ::testing::Test {
       ASSERT_OK_AND_ASSIGN(const WakeResult woke, allocator_->Wake(wake));
       ASSERT_EQ(woke.pools, std::vector<PoolId>{pool.id()});
       for (const auto& [p, bytes] : blocks) {
-        ASSERT_OK(testing::CheckPattern(*sim_, p, bytes, p + 1));
+        ASSERT_OK(testing::CheckPattern(*driver_, p, bytes, p + 1));
         ASSERT_OK(allocator_->Free(p));
       }
     }
@@ -118,7 +109,7 @@ class PoolLifecycleConcurrencyTest : public ::testing::Test {
       const std::size_t b_bytes = (1 + rng() % 4) * kMiB;
       ASSERT_OK_AND_ASSIGN(const DevicePtr a, allocator_->Allocate(a_bytes, stream));
       ASSERT_OK_AND_ASSIGN(const DevicePtr b, allocator_->Allocate(b_bytes, stream));
-      ASSERT_OK(testing::FillPattern(*sim_, a, a_bytes, a + 2));
+      ASSERT_OK(testing::FillPattern(*driver_, a, a_bytes, a + 2));
       ASSERT_OK_AND_ASSIGN(const PoolCheckpoint checkpoint, allocator_->Checkpoint(pool));
       ASSERT_OK(allocator_->Free(b));
       ASSERT_OK_AND_ASSIGN(const DevicePtr d, allocator_->Allocate((5 + rng() % 3) * kMiB, stream));
@@ -128,18 +119,18 @@ class PoolLifecycleConcurrencyTest : public ::testing::Test {
       std::sort(freed.begin(), freed.end());
       ASSERT_EQ(restored.freed, freed);
       ASSERT_EQ(restored.created, (std::vector<RestoredAllocation>{{b, b_bytes, stream}}));
-      ASSERT_OK(testing::CheckPattern(*sim_, a, a_bytes, a + 2));
+      ASSERT_OK(testing::CheckPattern(*driver_, a, a_bytes, a + 2));
       ASSERT_OK(allocator_->Free(a));
       ASSERT_OK(allocator_->Free(b));
     }
     ASSERT_OK(route.End());
   }
-
-  std::shared_ptr<SimDriver> sim_;
-  std::unique_ptr<CachingAllocator> allocator_;
 };
 
 TEST_F(PoolLifecycleConcurrencyTest, SleepWakeAndRestoreWhileOtherThreadsAllocate) {
+  Config config;
+  config.expandable_segments = true;  // what sleep keeps the addresses of
+  GRAPHALLOC_ALLOCATOR_SETUP(config);
   const std::uint64_t seed = testing::TestSeed(20261129);
   const int operations = testing::ScaledCount(4000);
   const int rounds = testing::ScaledCount(200);
@@ -147,9 +138,7 @@ TEST_F(PoolLifecycleConcurrencyTest, SleepWakeAndRestoreWhileOtherThreadsAllocat
             << " replays each thread's choices) operations/worker=" << operations << " rounds=" << rounds
             << "\n";
   std::vector<Stream> streams(5);
-  for (Stream& s : streams) {
-    ASSERT_OK_AND_ASSIGN(s, sim_->StreamCreate());
-  }
+  for (Stream& s : streams) s = NewStream();
   {
     PoolOptions sleepy;
     sleepy.tag = "sleepy";
@@ -169,14 +158,14 @@ TEST_F(PoolLifecycleConcurrencyTest, SleepWakeAndRestoreWhileOtherThreadsAllocat
   ASSERT_OK(allocator_->EmptyCache());
   ASSERT_OK(allocator_->CheckInvariants());
   EXPECT_EQ(allocator_->GetStats().reserved_bytes.all().current, 0);
-  for (Stream s : streams) ASSERT_OK(sim_->StreamDestroy(s));
-  allocator_.reset();
-  const SimCounters left = sim_->Counters();
-  EXPECT_EQ(left.reservations, 0u);
-  EXPECT_EQ(left.handles, 0u);
-  EXPECT_EQ(left.mappings, 0u);
-  EXPECT_EQ(left.host_bytes, 0u);
-  EXPECT_EQ(left.illegal_accesses, 0u);
+  allocator_.reset();  // the fixture's teardown checks for illegal accesses and destroys the streams
+  if (SimDriver* sim = testing::AsSim(driver_.get())) {
+    const SimCounters left = sim->Counters();
+    EXPECT_EQ(left.reservations, 0u);
+    EXPECT_EQ(left.handles, 0u);
+    EXPECT_EQ(left.mappings, 0u);
+    EXPECT_EQ(left.host_bytes, 0u);
+  }
 }
 
 }  // namespace
