@@ -6,7 +6,8 @@
  * The others return a graphalloc_status code; graphalloc_last_error() holds the calling thread's last
  * message. No C++ type crosses this interface, and no argument can crash the process: bad input gets an
  * error code and leaves every other allocation intact. Each device's allocator is created on first use
- * (GRAPHALLOC_DEVICE selects the real or simulated device, GRAPHALLOC_CONF the configuration). */
+ * (GRAPHALLOC_DEVICE selects the real or simulated device, GRAPHALLOC_SIM_MEMORY_MB the simulated device's
+ * memory in MiB, GRAPHALLOC_CONF the configuration). */
 #ifndef GRAPHALLOC_ALLOCATOR_C_API_GRAPHALLOC_H_
 #define GRAPHALLOC_ALLOCATOR_C_API_GRAPHALLOC_H_
 

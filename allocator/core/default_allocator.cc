@@ -2,9 +2,11 @@
 
 #include <array>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "graphalloc/allocator/base/mutex.h"
 #include "graphalloc/allocator/device/cuda_driver.h"
@@ -16,6 +18,22 @@ namespace {
 // Allocators live until the process exits: PyTorch may free tensors from static destructors.
 std::array<std::atomic<CachingAllocator*>, kMaxDevices> allocators{};
 Mutex creation_mutex;
+
+// GRAPHALLOC_SIM_MEMORY_MB, when set: the simulated device's memory in MiB (80 GiB when unset). A smaller
+// device makes memory pressure (out-of-memory retries, releases, the OOM report) reachable with small
+// requests.
+absl::Status SimMemoryFromEnvironment(SimDriverOptions* options) {
+  const char* env = std::getenv("GRAPHALLOC_SIM_MEMORY_MB");
+  if (env == nullptr || *env == '\0') return absl::OkStatus();
+  constexpr std::uint64_t kMaxMiB = std::uint64_t{1} << 24;  // 16 TiB
+  std::uint64_t mib = 0;
+  if (!absl::SimpleAtoi(env, &mib) || mib == 0 || mib > kMaxMiB) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GRAPHALLOC_SIM_MEMORY_MB must be a whole number of MiB from 1 to ", kMaxMiB, ", not '", env, "'"));
+  }
+  options->capacity = static_cast<std::size_t>(mib) << 20;
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::shared_ptr<Driver>> MakeDriver(int device) {
   const char* env = std::getenv("GRAPHALLOC_DEVICE");
@@ -31,6 +49,8 @@ absl::StatusOr<std::shared_ptr<Driver>> MakeDriver(int device) {
   }
   SimDriverOptions options;
   options.ordinal = device;
+  absl::Status memory = SimMemoryFromEnvironment(&options);
+  if (!memory.ok()) return memory;
   absl::StatusOr<std::unique_ptr<SimDriver>> sim = SimDriver::Create(options);
   if (!sim.ok()) return sim.status();
   return std::shared_ptr<Driver>(std::move(*sim));

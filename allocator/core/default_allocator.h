@@ -1,8 +1,9 @@
 // The process-wide allocators, one per device, created on first use.
 //
 // The device comes from GRAPHALLOC_DEVICE: "cuda" (the real GPU), "sim" (the simulated device) or "auto"
-// (default: the real GPU when one is present, the simulated device otherwise). The configuration comes
-// from GRAPHALLOC_CONF. The C ABI (graphalloc.h) and the PyTorch backend use these allocators.
+// (default: the real GPU when one is present, the simulated device otherwise); GRAPHALLOC_SIM_MEMORY_MB
+// gives the simulated device's memory in MiB (80 GiB when unset). The configuration comes from
+// GRAPHALLOC_CONF. The C ABI (graphalloc.h) and the PyTorch backend use these allocators.
 #ifndef GRAPHALLOC_ALLOCATOR_CORE_DEFAULT_ALLOCATOR_H_
 #define GRAPHALLOC_ALLOCATOR_CORE_DEFAULT_ALLOCATOR_H_
 

@@ -1,4 +1,5 @@
 // The C ABI: codes, messages and the PyTorch entry points, through the process-wide allocators.
+#include <cstddef>
 #include <cstdlib>
 #include <string>
 
@@ -139,6 +140,39 @@ TEST_F(CApiTest, TorchRecordStreamFindsTheOwningAllocator) {
   graphalloc_torch_record_stream(&dummy, nullptr);
   EXPECT_THAT(graphalloc_last_error(), HasSubstr("unknown pointer"));
   EXPECT_EQ(graphalloc_free(p, 0), GRAPHALLOC_OK);
+}
+
+// GRAPHALLOC_SIM_MEMORY_MB is read when a device's allocator is created: this test uses devices 60 and 61,
+// which no other test here touches, and restores the environment.
+TEST(CApiSimMemoryTest, SimulatedDeviceHasTheMemoryTheEnvironmentGivesIt) {
+  if (testing::TestDeviceKind() != "sim")
+    GTEST_SKIP() << "GRAPHALLOC_SIM_MEMORY_MB sizes the simulated device";
+  ASSERT_EQ(::setenv("GRAPHALLOC_SIM_MEMORY_MB", "64", 1), 0);
+  void* first = nullptr;
+  ASSERT_EQ(graphalloc_malloc(&first, std::size_t{48} << 20, 60, nullptr), GRAPHALLOC_OK)
+      << graphalloc_last_error();
+  void* second = nullptr;
+  EXPECT_EQ(graphalloc_malloc(&second, std::size_t{48} << 20, 60, nullptr), GRAPHALLOC_OUT_OF_MEMORY);
+  EXPECT_EQ(second, nullptr);
+  EXPECT_EQ(graphalloc_free(first, 60), GRAPHALLOC_OK);
+  ASSERT_EQ(graphalloc_malloc(&second, std::size_t{48} << 20, 60, nullptr), GRAPHALLOC_OK)
+      << graphalloc_last_error();
+  EXPECT_EQ(graphalloc_free(second, 60), GRAPHALLOC_OK);
+
+  ASSERT_EQ(::setenv("GRAPHALLOC_SIM_MEMORY_MB", "4GiB", 1), 0);
+  void* p = nullptr;
+  EXPECT_EQ(graphalloc_malloc(&p, 512, 61, nullptr), GRAPHALLOC_INVALID_ARGUMENT);
+  EXPECT_THAT(graphalloc_last_error(), HasSubstr("GRAPHALLOC_SIM_MEMORY_MB must be a whole number of MiB"));
+  EXPECT_THAT(graphalloc_last_error(), HasSubstr("'4GiB'"));
+  ASSERT_EQ(::unsetenv("GRAPHALLOC_SIM_MEMORY_MB"), 0);
+  ASSERT_EQ(graphalloc_malloc(&p, std::size_t{48} << 20, 61, nullptr), GRAPHALLOC_OK)
+      << graphalloc_last_error();
+  void* more = nullptr;  // the default 80 GiB device
+  ASSERT_EQ(graphalloc_malloc(&more, std::size_t{48} << 20, 61, nullptr), GRAPHALLOC_OK)
+      << graphalloc_last_error();
+  EXPECT_EQ(graphalloc_free(more, 61), GRAPHALLOC_OK);
+  EXPECT_EQ(graphalloc_free(p, 61), GRAPHALLOC_OK);
+  testing::ExpectDefaultAllocatorsHoldNothing();
 }
 
 }  // namespace
