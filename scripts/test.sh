@@ -74,9 +74,12 @@ normal_build=("-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" "-DCMAKE_C_FLA
 # They are unity builds (each target's sources compiled a few at a time as one translation unit), which
 # cuts the ASan build's CPU time by about a third (1,025 CPU-seconds on 2026-11-27). The normal build is
 # not: it compiles every file on its own, so a missing #include, which a unity build hides, fails there.
+# The programs the tests run briefly (the CLI, the example MLP's driver) compile at -O0 there
+# (GRAPHALLOC_PROGRAM_COMPILE_OPTIONS, CMakeLists.txt): every access is still checked.
 sanitizer_build=(-DCMAKE_UNITY_BUILD=ON
                  -DGRAPHALLOC_BUILD_BENCHMARKS=OFF -DGRAPHALLOC_ENABLE_CUDA=OFF -DGRAPHALLOC_BUILD_TORCH_SHIM=OFF
-                 "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1")
+                 "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1"
+                 -DGRAPHALLOC_PROGRAM_COMPILE_OPTIONS=-O0)
 sanitizer_scale=${GRAPHALLOC_SANITIZER_TEST_SCALE:-0.25}
 # The ASan+UBSan stage is built by clang with libFuzzer's coverage instrumentation (fuzzer-no-link), so
 # that the fuzz stage runs the fuzzers this tree builds beside the tests instead of compiling the library
