@@ -16,13 +16,12 @@
 
 #include "graphalloc/allocator/core/address_owners.h"
 #include "graphalloc/allocator/core/size_policy.h"
+#include "python/csrc/torch_addresses.h"
 #include "python/csrc/torch_snapshot.h"
 #include "python/csrc/torch_stats.h"
 
 namespace graphalloc_torch {
 namespace {
-
-graphalloc::DevicePtr Address(const void* ptr) { return reinterpret_cast<graphalloc::DevicePtr>(ptr); }
 
 // Sizes as PyTorch's out-of-memory messages print them, so that programs matching them keep working.
 std::string FormatSize(std::uint64_t size) {

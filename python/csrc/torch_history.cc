@@ -56,49 +56,6 @@ bool AtLeast(cca::RecordContext when, cca::RecordContext level) {
   return static_cast<int>(when) >= static_cast<int>(level);
 }
 
-// A bounded buffer keeping the newest entries, as PyTorch's trace ring does.
-template <typename T>
-class Ring {
- public:
-  void SetCapacity(std::size_t capacity) {
-    capacity = std::max<std::size_t>(1, capacity);
-    if (capacity == capacity_) return;
-    std::vector<T> items = Items();
-    if (items.size() > capacity)
-      items.erase(items.begin(), items.end() - static_cast<std::ptrdiff_t>(capacity));
-    items_ = std::move(items);
-    next_ = 0;  // items_ is oldest first again, so when full the oldest is at 0
-    capacity_ = capacity;
-  }
-  void Push(T item) {
-    if (items_.size() < capacity_) {
-      items_.push_back(std::move(item));
-      return;
-    }
-    items_[next_] = std::move(item);
-    next_ = (next_ + 1) % capacity_;
-  }
-  // Oldest first.
-  std::vector<T> Items() const {
-    std::vector<T> out;
-    out.reserve(items_.size());
-    const auto split = items_.begin() + static_cast<std::ptrdiff_t>(next_);
-    out.insert(out.end(), split, items_.end());
-    out.insert(out.end(), items_.begin(), split);
-    return out;
-  }
-  void Clear() {
-    items_.clear();
-    items_.shrink_to_fit();
-    next_ = 0;
-  }
-
- private:
-  std::vector<T> items_;
-  std::size_t next_ = 0;  // the oldest entry once full (0 until then)
-  std::size_t capacity_ = 1;
-};
-
 }  // namespace
 
 struct TorchHistory::LiveBlock {
@@ -112,6 +69,49 @@ struct TorchHistory::LiveBlock {
 };
 
 struct TorchHistory::State {
+  // A bounded buffer keeping the newest entries, as PyTorch's trace ring does.
+  template <typename T>
+  class Ring {
+   public:
+    void SetCapacity(std::size_t capacity) {
+      capacity = std::max<std::size_t>(1, capacity);
+      if (capacity == capacity_) return;
+      std::vector<T> items = Items();
+      if (items.size() > capacity)
+        items.erase(items.begin(), items.end() - static_cast<std::ptrdiff_t>(capacity));
+      items_ = std::move(items);
+      next_ = 0;  // items_ is oldest first again, so when full the oldest is at 0
+      capacity_ = capacity;
+    }
+    void Push(T item) {
+      if (items_.size() < capacity_) {
+        items_.push_back(std::move(item));
+        return;
+      }
+      items_[next_] = std::move(item);
+      next_ = (next_ + 1) % capacity_;
+    }
+    // Oldest first.
+    std::vector<T> Items() const {
+      std::vector<T> out;
+      out.reserve(items_.size());
+      const auto split = items_.begin() + static_cast<std::ptrdiff_t>(next_);
+      out.insert(out.end(), split, items_.end());
+      out.insert(out.end(), items_.begin(), split);
+      return out;
+    }
+    void Clear() {
+      items_.clear();
+      items_.shrink_to_fit();
+      next_ = 0;
+    }
+
+   private:
+    std::vector<T> items_;
+    std::size_t next_ = 0;  // the oldest entry once full (0 until then)
+    std::size_t capacity_ = 1;
+  };
+
   mutable std::mutex mu;
   // Read without `mu` before it is taken (gathering a context may take the GIL, which must not happen under
   // `mu`); written under it.
@@ -165,11 +165,11 @@ void TorchHistory::Configure(bool enabled, cca::CreateContextFn recorder, size_t
   s.recorder.store(enabled ? recorder : nullptr, std::memory_order_relaxed);
   s.when.store(enabled ? when : cca::RecordContext::NEVER, std::memory_order_relaxed);
   s.max_entries = std::max<std::size_t>(1, max_entries);
-  for (Ring<TraceEntry>& ring : s.traces) ring.SetCapacity(s.max_entries);
+  for (State::Ring<TraceEntry>& ring : s.traces) ring.SetCapacity(s.max_entries);
   s.annotations.SetCapacity(s.max_entries);
   s.skipped = std::move(skipped);
   if (!enabled || clear) {
-    for (Ring<TraceEntry>& ring : s.traces) ring.Clear();
+    for (State::Ring<TraceEntry>& ring : s.traces) ring.Clear();
     s.annotations.Clear();
     s.releases.Clear();
     s.since = now;

@@ -13,14 +13,13 @@
 #include "absl/status/statusor.h"
 #include "graphalloc/allocator/ipc/block_importer.h"
 #include "graphalloc/allocator/ipc/export_token.h"
+#include "python/csrc/torch_addresses.h"
 
 namespace graphalloc_torch {
 namespace {
 
 namespace cca = c10::cuda::CUDACachingAllocator;
 using graphalloc::DevicePtr;
-
-DevicePtr Address(const void* ptr) { return reinterpret_cast<DevicePtr>(ptr); }
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "python/csrc/torch_addresses.h"
 
 namespace graphalloc_torch {
 namespace {
@@ -15,9 +16,6 @@ std::string Describe(const TorchPoolKey& key) {
   return "mempool (" + std::to_string(key.id.first) + ", " + std::to_string(key.id.second) + ") of device " +
          std::to_string(key.device);
 }
-
-graphalloc::DevicePtr Address(const void* ptr) { return reinterpret_cast<graphalloc::DevicePtr>(ptr); }
-void* Pointer(graphalloc::DevicePtr address) { return reinterpret_cast<void*>(address); }
 
 // Every allocated block of a checkpoint, as (address, size).
 std::vector<std::pair<void*, std::size_t>> AllocatedBlocks(const graphalloc::PoolCheckpoint& checkpoint) {
