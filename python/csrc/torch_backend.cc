@@ -86,7 +86,7 @@ void* TorchBackend::Allocate(size_t size, c10::DeviceIndex device, cudaStream_t 
     TORCH_CHECK(false, "graphalloc could not allocate ", size, " bytes on CUDA device ",
                 static_cast<int>(device), ": ", ptr.status().ToString());
   }
-  void* out = reinterpret_cast<void*>(*ptr);
+  void* out = Pointer(*ptr);
   if (history_.active()) history_.OnAlloc(device, out, size, size, stream, {0, 0});
   if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
     ReportToProfiler(device, out, static_cast<std::int64_t>(graphalloc::RoundSize(size, allocator.config())),

@@ -32,8 +32,7 @@ int TorchIpc::DeviceOf(DevicePtr ptr, DevicePtr* block, size_t* size) {
       if (ptr < s.address || ptr >= s.address + s.total_size) continue;
       for (const graphalloc::BlockSnapshot& b : s.blocks) {
         if (ptr < b.address || ptr >= b.address + b.size) continue;
-        TORCH_CHECK(b.state == graphalloc::BlockState::kAllocated,
-                    "graphalloc: ", reinterpret_cast<void*>(ptr),
+        TORCH_CHECK(b.state == graphalloc::BlockState::kAllocated, "graphalloc: ", Pointer(ptr),
                     " lies in a block that is not allocated: nothing to share");
         *block = b.address;
         *size = b.size;
@@ -50,7 +49,7 @@ void* TorchIpc::BaseAllocation(void* ptr, size_t* size) {
   TORCH_CHECK(DeviceOf(Address(ptr), &block, &block_size) >= 0, "graphalloc: getBaseAllocation: ", ptr,
               " was not allocated by graphalloc");
   if (size != nullptr) *size = block_size;
-  return reinterpret_cast<void*>(block);
+  return Pointer(block);
 }
 
 cca::ShareableHandle TorchIpc::Share(void* ptr) {
@@ -108,7 +107,7 @@ std::shared_ptr<void> TorchIpc::Open(const std::string& handle) {
       graphalloc::ipc::ImportBlock(allocator_of_(device).driver(), *token, absl::Seconds(30), peers);
   TORCH_CHECK(imported.ok(), "graphalloc: getIpcDevPtr: ", imported.status().ToString());
   auto block = std::make_shared<graphalloc::ipc::ImportedBlock>(*std::move(imported));
-  void* ptr = reinterpret_cast<void*>(block->ptr());
+  void* ptr = Pointer(block->ptr());
   // The deleter may run at interpreter exit, after CUDA is gone: report, never throw.
   std::shared_ptr<void> mapping(ptr, [block](void*) {
     if (absl::Status s = block->Close(); !s.ok()) {
